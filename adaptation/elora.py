@@ -1,0 +1,241 @@
+"""ELoRA: equivariant low-rank adaptation of SO(3)-equivariant interatomic potentials.
+
+Paper: "ELoRA: Low-Rank Adaptation for Equivariant GNNs", ICML 2025 (seed 002 of this project).
+
+Why it keeps equivariance: an e3nn weight only ever mixes *channels* within one path — the path's
+block acts as ``W_p ⊗ I_(2l+1)`` (``o3.Linear``) or ``W_p ⊗ CG`` (tensor products). A change made in
+weight space, block by block, is therefore still equivariant, whatever its values. A low-rank update
+applied in *feature* space across the irreps axis mixes components of different ``l`` and breaks it.
+
+What gets an adapter (all through ``torch.nn.utils.parametrize`` on the stock modules' weights, no
+fork of e3nn or MACE):
+
+* every ``e3nn.o3.Linear`` and every ``e3nn.o3.TensorProduct`` with internal weights (MACE's skip
+  tensor product, ``uvw`` mode): for each weighted instruction ``p`` with block shape
+  ``(..., w)``, ``W_p += (alpha / r) · A_p @ B_p`` with ``A_p ((prod ...) × r)`` and ``B_p (r × w)``.
+  The flat ``weight`` is the per-path blocks concatenated in instruction order, row-major; biases
+  are left alone;
+* radial-MLP layers (``e3nn.nn.FullyConnectedNet``, invariant scalars) and ``torch.nn.Linear``:
+  a dense ``W += (alpha / r) · A @ B``;
+* MACE's symmetric contraction: the highest-order weights ``(n_elements, n_params, channels)`` get
+  ``W_e += (alpha / r) · (A_e / n_params) @ B`` — ``A`` per element, ``B`` shared — and, as the
+  authors do, the lower-order contraction weights train in full (``train_lower_order``).
+
+A block whose smaller side is below ``r`` gets that smaller rank instead (``A @ B`` can already
+reach every matrix of the block then, so nothing is lost but parameters); the scale stays ``alpha / r``.
+
+Initialisation as the authors': ``A ~ N(0, 1)``, ``B = 0``, so the adapted model starts identical to
+the base model. `merge` folds the updates into the weights and returns a plain model.
+
+Example::
+
+    >>> model = elora.apply(model, rank=16, alpha=16)      # doctest: +SKIP
+    >>> ...train...
+    >>> elora.save_adapter(model, "adapter.safetensors")   # doctest: +SKIP
+    >>> plain = elora.merge(model)                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from e3nn import o3
+from e3nn.nn._fc import _Layer as RadialLayer
+from torch import nn
+from torch.nn.utils import parametrize
+
+from workbench.checkpoint import load_tensors, save_tensors, write_json
+from workbench.errors import UserError
+from workbench.method import Method
+from workbench.options import Option
+from workbench.registry import methods
+
+try:  # MACE is optional: without it ELoRA still adapts any e3nn model
+    from mace.modules.symmetric_contraction import Contraction as MaceContraction
+except ImportError:  # pragma: no cover - mace-torch is installed with the atomistic extra
+    MaceContraction = None
+
+
+class PathLowRank(nn.Module):
+    """Per-path low-rank update of a flat e3nn weight (``o3.Linear``, ``o3.TensorProduct``).
+
+    Args:
+        path_shapes: block shape of each weighted path, in the weight's order (``(mul_in, mul_out)``
+            for ``o3.Linear``, ``(u, v, w)`` for a ``uvw`` tensor product).
+        rank, alpha: LoRA rank ``r`` and scale ``alpha`` (the update is multiplied by ``alpha / r``).
+
+    Shapes:
+        weight ``(sum_p prod(path_shape_p),)`` -> same.
+    """
+
+    def __init__(self, path_shapes: list[tuple[int, ...]], rank: int, alpha: float,
+                 dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.scale = alpha / rank
+        blocks = [(math.prod(shape[:-1]), shape[-1]) for shape in path_shapes]
+        ranks = [min(rank, rows, cols) for rows, cols in blocks]
+        self.A = nn.ParameterList([nn.Parameter(torch.randn(rows, r, dtype=dtype, device=device))
+                                   for (rows, _), r in zip(blocks, ranks)])
+        self.B = nn.ParameterList([nn.Parameter(torch.zeros(r, cols, dtype=dtype, device=device))
+                                   for (_, cols), r in zip(blocks, ranks)])
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        delta = torch.cat([(a @ b).reshape(-1) for a, b in zip(self.A, self.B)])
+        return weight + self.scale * delta
+
+
+class DenseLowRank(nn.Module):
+    """Dense low-rank update ``W += (alpha / r) · A @ B`` of a 2-D weight.
+
+    Shapes:
+        weight ``(rows, cols)`` -> same; ``A (rows, r)``, ``B (r, cols)``.
+    """
+
+    def __init__(self, shape: tuple[int, int], rank: int, alpha: float, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.scale = alpha / rank
+        rank_used = min(rank, *shape)
+        self.A = nn.Parameter(torch.randn(shape[0], rank_used, dtype=dtype, device=device))
+        self.B = nn.Parameter(torch.zeros(rank_used, shape[1], dtype=dtype, device=device))
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight + self.scale * (self.A @ self.B)
+
+
+class ElementLowRank(nn.Module):
+    """Update of MACE's highest-order contraction weights: ``W_e += (alpha/r) · (A_e / n_params) @ B``.
+
+    Shapes:
+        weight ``(n_elements, n_params, channels)`` -> same; ``A (n_elements, n_params, r)`` per
+        element, ``B (r, channels)`` shared by all elements.
+    """
+
+    def __init__(self, shape: tuple[int, int, int], rank: int, alpha: float, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        n_elements, self.n_params, channels = shape
+        self.scale = alpha / rank
+        rank_used = min(rank, n_elements * self.n_params, channels)
+        self.A = nn.Parameter(torch.randn(n_elements, self.n_params, rank_used, dtype=dtype, device=device))
+        self.B = nn.Parameter(torch.zeros(rank_used, channels, dtype=dtype, device=device))
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight + self.scale * (self.A / self.n_params) @ self.B
+
+
+def _weighted_path_shapes(module: o3.Linear | o3.TensorProduct) -> list[tuple[int, ...]]:
+    if isinstance(module, o3.Linear):
+        return [tuple(ins.path_shape) for ins in module.instructions]
+    return [tuple(ins.path_shape) for ins in module.instructions if ins.has_weight]
+
+
+def _targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str]]:
+    """(module, weight attribute, kind) for every weight ELoRA adapts, in module order."""
+    for module in model.modules():
+        if isinstance(module, o3.Linear) and module.internal_weights and module.weight_numel > 0:
+            yield module, "weight", "path"
+        elif isinstance(module, o3.TensorProduct) and module.internal_weights and module.weight_numel > 0:
+            yield module, "weight", "path"
+        elif isinstance(module, (RadialLayer, nn.Linear)):
+            yield module, "weight", "dense"
+        elif MaceContraction is not None and isinstance(module, MaceContraction):
+            weight = getattr(module, "weights_max", None)
+            if isinstance(weight, nn.Parameter) and weight.numel() > 0:
+                yield module, "weights_max", "element"
+
+
+def apply(model: nn.Module, rank: int = 16, alpha: float = 16.0, train_lower_order: bool = True) -> nn.Module:
+    """Attach ELoRA adapters to ``model`` in place, freeze everything else and return it.
+
+    Args:
+        model: an e3nn-based model (MACE or any model built of ``o3.Linear``/``o3.TensorProduct``).
+        rank: LoRA rank ``r`` of every update (default 16, the authors').
+        alpha: scale; updates are multiplied by ``alpha / rank`` (default 16).
+        train_lower_order: also train MACE's lower-order symmetric-contraction weights in full.
+    """
+    if rank < 1:
+        raise UserError(f"ELoRA rank must be a positive integer, got {rank}")
+    if any(parametrize.is_parametrized(m) for m in model.modules()):
+        raise UserError("this model already carries parametrized adapters; merge them first (elora.merge)")
+    model.requires_grad_(False)
+    targets = list(_targets(model))
+    if not targets:
+        raise UserError(f"{type(model).__name__} has no e3nn Linear, tensor-product, radial-MLP or "
+                        "symmetric-contraction weights: ELoRA does not fit this model")
+    for module, attribute, kind in targets:
+        weight = getattr(module, attribute)
+        kwargs = dict(rank=rank, alpha=alpha, dtype=weight.dtype, device=weight.device)
+        if kind == "path":
+            adapter = PathLowRank(_weighted_path_shapes(module), **kwargs)
+        elif kind == "dense":
+            adapter = DenseLowRank(tuple(weight.shape), **kwargs)
+        else:
+            adapter = ElementLowRank(tuple(weight.shape), **kwargs)
+            if train_lower_order:
+                for lower in module.weights:
+                    lower.requires_grad_(lower.numel() > 0)
+        parametrize.register_parametrization(module, attribute, adapter)
+        getattr(module.parametrizations, attribute).original.requires_grad_(False)
+    model._elora_config = {"rank": rank, "alpha": alpha, "train_lower_order": train_lower_order}
+    return model
+
+
+def merge(model: nn.Module) -> nn.Module:
+    """Fold every ELoRA update into its weight, remove the adapters and return the plain model."""
+    for module in list(model.modules()):
+        if parametrize.is_parametrized(module):
+            for attribute in list(module.parametrizations.keys()):
+                parametrize.remove_parametrizations(module, attribute, leave_parametrized=True)
+    if hasattr(model, "_elora_config"):
+        del model._elora_config
+    return model
+
+
+def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors ELoRA owns: every ``A``/``B`` and the lower-order weights it trains, by name."""
+    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def save_adapter(model: nn.Module, path: str | Path) -> None:
+    """Write the adapter (``.safetensors``) and its configuration (``.json`` beside it)."""
+    path = Path(path)
+    config = getattr(model, "_elora_config", None)
+    if config is None:
+        raise UserError("this model carries no ELoRA adapter (call elora.apply first)")
+    save_tensors(path, adapter_state(model), metadata={"method": "elora", "config": json.dumps(config)})
+    write_json(path.with_suffix(".json"), {"method": "elora", **config})
+
+
+def load_adapter(model: nn.Module, path: str | Path) -> nn.Module:
+    """Apply ELoRA to a base ``model`` with the saved configuration and load the saved adapter into it."""
+    path = Path(path)
+    state = load_tensors(path)
+    config_path = path.with_suffix(".json")
+    if not config_path.is_file():
+        raise UserError(f"{config_path}: missing; it holds the adapter's rank and alpha")
+    config = json.loads(config_path.read_text())
+    apply(model, rank=config["rank"], alpha=config["alpha"], train_lower_order=config["train_lower_order"])
+    ELoRA().load_trainable_state(model, state, source=path)
+    return model
+
+
+@methods.register
+class ELoRA(Method):
+    """ELoRA as a workbench method (see the module docstring)."""
+
+    name = "elora"
+    description = "Equivariant LoRA: per-path low-rank weight updates of e3nn/MACE layers (ICML 2025)"
+    learning_rate = 5e-3
+    options = (
+        Option("rank", int, 16, "LoRA rank r of every ELoRA update"),
+        Option("alpha", float, 16.0, "ELoRA scale alpha (updates are multiplied by alpha / rank)"),
+    )
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return apply(model, rank=self.config["rank"], alpha=self.config["alpha"])
+
+    def merge(self, model: nn.Module) -> nn.Module:
+        return merge(model)

@@ -1,0 +1,30 @@
+"""mace-torch's own LoRA (``mace_run_train --lora``), the nearest peer of ELoRA.
+
+It wraps ``o3.Linear`` (an equivariant bottleneck of ``rank`` copies of each shared irrep), dense
+layers and radial-MLP layers, with mace-torch's defaults rank 4, alpha 1, ``A ~ N(0, 1e-3)``; it does
+not adapt the skip tensor product nor the symmetric contraction.
+"""
+
+from __future__ import annotations
+
+from mace.modules.lora import inject_LoRAs, merge_lora_weights
+from torch import nn
+
+from workbench.method import Method
+from workbench.options import Option
+from workbench.registry import methods
+
+
+@methods.register
+class MaceLoRA(Method):
+    name = "mace-lora"
+    description = "mace-torch's LoRA (o3.Linear, dense and radial layers; rank 4, alpha 1)"
+    learning_rate = 5e-3
+    options = (Option("rank", int, 4, "LoRA rank of mace-torch's adapters"),
+               Option("alpha", float, 1.0, "LoRA alpha of mace-torch's adapters"))
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return inject_LoRAs(model, rank=self.config["rank"], alpha=self.config["alpha"])
+
+    def merge(self, model: nn.Module) -> nn.Module:
+        return merge_lora_weights(model)

@@ -1,0 +1,202 @@
+"""The ``rmd17`` task: fine-tune a foundation interatomic potential on DFT frames of one molecule.
+
+The situation it models: a MACE model pretrained on GFN2-xTB data meets PBE/def2-SVP DFT, rMD17's
+level of theory. Before training, the isolated-atom energies E0 are re-fitted to the new level of
+theory (least squares of the reference energies minus the model's interaction energies over the
+training frames), so that "before" measures the model, not an arbitrary energy zero.
+
+Loss (MACE's ``WeightedEnergyForcesLoss``)::
+
+    L = w_E · mean_graphs((ΔE / n_atoms)²) + w_F · mean_components(ΔF²)     [eV², (eV/Å)²]
+
+with ``w_E = 1``, ``w_F = 1000`` by default (the ELoRA authors' weights).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from mace.modules import WeightedEnergyForcesLoss
+from torch import nn
+
+from workbench.domains.atomistic import plots
+from workbench.domains.atomistic.frames import Frame, check_elements, collate, predict, to_graphs
+from workbench.domains.atomistic.readers import LabelledSet, read_extxyz_set, read_rmd17
+from workbench.errors import UserError
+from workbench.models.mace import atomic_numbers_of, load_mace, set_atomic_energies
+from workbench.options import Option
+from workbench.registry import tasks
+from workbench.task import Evaluation, Task, TaskData
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = Path(__file__).parent / "embedded" / "rmd17"
+_ELEMENT_NUMBERS = {"H": 1, "C": 6, "N": 7, "O": 8, "F": 9, "P": 15, "S": 16, "Cl": 17}
+
+
+def fit_atomic_energies(model: nn.Module, frames: Sequence[Frame], graphs: Sequence[Any]) -> dict[int, float]:
+    """E0 per element [eV] that best explain ``E_ref − E_interaction(model)`` over ``frames``.
+
+    Least squares over element counts (minimum-norm when the frames share one composition, as for a
+    single rMD17 molecule, where only the sum of E0s over the molecule is determined).
+    """
+    zs = atomic_numbers_of(model)
+    e0_now = model.atomic_energies_fn.atomic_energies.detach().cpu().numpy().reshape(-1)
+    counts = np.array([[np.count_nonzero(f.atomic_numbers == z) for z in zs] for f in frames], dtype=np.float64)
+    predicted, _ = predict(model, graphs)
+    interaction = predicted - counts @ e0_now
+    targets = np.array([f.energy_ev for f in frames]) - interaction
+    present = counts.sum(axis=0) > 0
+    solution = np.linalg.lstsq(counts[:, present], targets, rcond=None)[0]
+    fitted = dict(zip(np.array(zs)[present].tolist(), solution.tolist()))
+    return {z: fitted.get(z, float(e0)) for z, e0 in zip(zs, e0_now)}
+
+
+def read_e0s_file(path: str | Path, needed: Sequence[int]) -> dict[int, float]:
+    """E0s [eV] from a JSON object keyed by element symbol or atomic number; all ``needed`` must be there."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such E0s file (give --e0s fit, or a JSON file of isolated-atom energies in eV)")
+    try:
+        content = json.loads(path.read_text())
+        e0s = {(_ELEMENT_NUMBERS[k] if k in _ELEMENT_NUMBERS else int(k)): float(v) for k, v in content.items()}
+    except (json.JSONDecodeError, ValueError, AttributeError) as error:
+        raise UserError(f"{path}: expected a JSON object {{element: E0 in eV}} ({error})") from None
+    missing = [z for z in needed if z not in e0s]
+    if missing:
+        raise UserError(f"{path}: E0s are missing for atomic number(s) {missing}; add them or use --e0s fit")
+    return e0s
+
+
+@tasks.register
+class Rmd17(Task):
+    """rMD17-style fine-tuning of a MACE foundation potential (energies and forces)."""
+
+    name = "rmd17"
+    description = "Fine-tune a MACE foundation potential (GFN2-xTB) on PBE/def2-SVP frames of a molecule, rMD17 layout"
+    card = "rmd17-embedded"
+    model_family = "mace"
+    default_method = "elora"
+    baselines = ("full", "readout", "mace-lora")
+    metrics = ("forces_mae_mev_per_a", "forces_rmse_mev_per_a", "energy_mae_mev", "energy_rmse_mev",
+               "energy_mae_mev_per_atom")
+    defaults = {"epochs": 40, "batch_size": 5, "train_size": 50, "patience": 15}
+    options = (
+        Option("molecule", str, "ethanol", "molecule of the rMD17 folder to adapt to"),
+        Option("split", int, 1, "which rMD17 split (index_{train,test}_0K.csv, K = 1..5)"),
+        Option("e0s", str, "fit", "isolated-atom energies at the new level of theory: 'fit' (least squares "
+               "on the training frames) or a JSON file {element: eV}"),
+        Option("energy_weight", float, 1.0, "weight of the per-atom energy error in the loss"),
+        Option("forces_weight", float, 1000.0, "weight of the force error in the loss"),
+    )
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        self._loss = WeightedEnergyForcesLoss(energy_weight=self.config["energy_weight"],
+                                              forces_weight=self.config["forces_weight"])
+
+    # -- data and model --------------------------------------------------------------------------
+    def read(self, data: str | Path | None, seed: int = 0) -> LabelledSet:
+        if data is None:
+            return read_rmd17(EMBEDDED, self.config["molecule"], self.config["split"], card="rmd17-embedded")
+        path = Path(data)
+        if path.suffix in (".xyz", ".extxyz") or (path.is_dir() and (path / "train.xyz").is_file()):
+            return read_extxyz_set(path, seed)
+        return read_rmd17(path, self.config["molecule"], self.config["split"])
+
+    def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
+        return load_mace(source, trust_checkpoint=trust_checkpoint)
+
+    def prepare(self, model: nn.Module, raw: LabelledSet, train_size: int, val_size: int, seed: int
+                ) -> tuple[TaskData, dict[str, Any]]:
+        check_elements(raw.frames, atomic_numbers_of(model), raw.source)
+        available = len(raw.train_indices)
+        if train_size + val_size > available:
+            raise UserError(f"{raw.source}: the training split has {available} frames; --train-size {train_size} "
+                            f"plus {val_size} validation frames do not fit (lower --train-size)")
+        order = np.random.default_rng(seed).permutation(raw.train_indices)
+        train = [raw.frames[i] for i in order[:train_size]]
+        val = [raw.frames[i] for i in order[train_size:train_size + val_size]]
+        test = [raw.frames[i] for i in raw.test_indices]
+        zs, r_max = atomic_numbers_of(model), float(model.r_max)
+        train_graphs = to_graphs(train, zs, r_max)
+        if self.config["e0s"] == "fit":
+            e0s = fit_atomic_energies(model, train, train_graphs)
+        else:
+            needed = sorted({int(z) for f in raw.frames for z in f.atomic_numbers})
+            e0s = read_e0s_file(self.config["e0s"], needed)
+            e0s = {z: e0s.get(z, float(e)) for z, e in zip(zs, model.atomic_energies_fn.atomic_energies.reshape(-1))}
+        set_atomic_energies(model, e0s)
+        summary = {"source": raw.source, "molecule": self.config["molecule"] if raw.source.endswith(".npz") else None,
+                   "frames": {"train": len(train), "val": len(val), "test": len(test)}}
+        data = TaskData(train_graphs, to_graphs(val, zs, r_max), to_graphs(test, zs, r_max), raw.source, summary)
+        return data, {"e0s_ev": {str(z): e for z, e in e0s.items()}}
+
+    def test_samples(self, model: nn.Module, raw: LabelledSet) -> list[Any]:
+        check_elements(raw.frames, atomic_numbers_of(model), raw.source)
+        return to_graphs([raw.frames[i] for i in raw.test_indices], atomic_numbers_of(model), float(model.r_max))
+
+    def restore(self, model: nn.Module, state: Mapping[str, Any]) -> None:
+        set_atomic_energies(model, {int(z): float(e) for z, e in state["e0s_ev"].items()})
+
+    # -- training and scoring --------------------------------------------------------------------
+    def collate(self, samples, device):
+        return collate(samples, device)
+
+    def loss(self, model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
+        out = model(batch.to_dict(), training=training, compute_force=True)
+        return self._loss(ref=batch, pred=out)
+
+    def evaluate(self, model: nn.Module, samples: Sequence[Any], device) -> Evaluation:
+        """Energy [meV, meV/atom] and force-component [meV/Å] errors on ``samples``."""
+        energies, forces = predict(model, samples, device=device)
+        ref_energies = np.array([float(g.energy) for g in samples])
+        ref_forces = np.concatenate([g.forces.numpy() for g in samples])
+        n_atoms = np.array([g.num_nodes for g in samples])
+        forces = np.concatenate(forces)
+        de, df = (energies - ref_energies) * 1000, (forces - ref_forces) * 1000
+        metrics = {
+            "forces_mae_mev_per_a": float(np.abs(df).mean()),
+            "forces_rmse_mev_per_a": float(np.sqrt((df ** 2).mean())),
+            "energy_mae_mev": float(np.abs(de).mean()),
+            "energy_rmse_mev": float(np.sqrt((de ** 2).mean())),
+            "energy_mae_mev_per_atom": float(np.abs(de / n_atoms).mean()),
+        }
+        return Evaluation(metrics, {"energy_ref_ev": ref_energies, "energy_pred_ev": energies,
+                                    "forces_ref_ev_per_a": ref_forces, "forces_pred_ev_per_a": forces})
+
+    def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
+        return [plots.parity(evaluations, out_dir)]
+
+    # -- data commands ---------------------------------------------------------------------------
+    def info(self, data: str | Path | None) -> str:
+        raw = self.read(data)
+        frames = raw.frames
+        energies = np.array([f.energy_ev for f in frames])
+        forces = np.concatenate([f.forces_ev_per_a for f in frames])
+        counts = {}
+        for z in frames[0].atomic_numbers:
+            counts[int(z)] = counts.get(int(z), 0) + 1
+        lines = [f"source: {raw.source}",
+                 f"frames: {len(frames)} (train split {len(raw.train_indices)}, test split {len(raw.test_indices)})",
+                 f"atoms per frame: {len(frames[0].atomic_numbers)} (first frame; atomic numbers {counts})",
+                 f"energy: mean {energies.mean():.4f} eV, spread (std) {energies.std() * 1000:.1f} meV",
+                 f"forces: mean |F| component {np.abs(forces).mean() * 1000:.1f} meV/Å, max {np.abs(forces).max():.3f} eV/Å"]
+        return "\n".join(lines)
+
+    def pretrain(self, out: Path, **kwargs: Any) -> str:
+        from workbench.domains.atomistic.pretrain import pretrain
+
+        errors = pretrain(out, **kwargs)
+        return f"wrote {out} (+ {Path(out).with_suffix('.json').name}); validation errors {errors}"
+
+    def generate(self, out: Path, **kwargs: Any) -> str:
+        from workbench.domains.atomistic.generate import generate_rmd17
+
+        generate_rmd17(out, **kwargs)
+        return f"wrote rMD17-layout data to {out}"

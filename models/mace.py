@@ -1,0 +1,178 @@
+"""MACE interatomic potentials (mace-torch): build, save as safetensors, load, and drive ASE.
+
+Paper: Batatia et al., "MACE: Higher Order Equivariant Message Passing Neural Networks for Fast and
+Accurate Force Fields", NeurIPS 2022.
+
+The shipped foundation model (``checkpoints/mace_xtb_small.safetensors`` + ``.json``) is a small MACE
+pretrained on GFN2-xTB molecular dynamics of H/C/N/O molecules (``workbench pretrain --domain rmd17``;
+card ``data_cards/mace-xtb-small.yaml``). Checkpoints of the workbench are safetensors plus a JSON of
+hyper-parameters, never pickles. A user's MACE ``.model`` file (MACE-OFF, MACE-MP) is a full pickle
+and loads only with ``trust_checkpoint=True``.
+
+Units: positions Å, energies eV, forces eV/Å.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+from e3nn import o3
+from mace import modules
+from torch import nn
+
+from workbench.checkpoint import load_tensors, save_tensors, write_json
+from workbench.errors import UserError
+from workbench.model import ModelFamily
+from workbench.registry import models
+
+SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "mace_xtb_small.safetensors"
+
+#: Architecture of the shipped foundation model: small enough to fine-tune on a laptop CPU.
+FOUNDATION_ARCHITECTURE: dict[str, Any] = {
+    "r_max": 5.0, "num_bessel": 8, "num_polynomial_cutoff": 5, "max_ell": 2, "num_interactions": 2,
+    "hidden_irreps": "64x0e + 64x1o", "MLP_irreps": "16x0e", "correlation": 3, "radial_MLP": [64, 64, 64],
+    "interaction": "RealAgnosticResidualInteractionBlock", "atomic_numbers": [1, 6, 7, 8],
+}
+
+#: Keys `build_mace` needs beyond the architecture (they come from the pretraining data).
+DATA_STATISTICS = ("atomic_energies", "avg_num_neighbors", "atomic_inter_scale", "atomic_inter_shift")
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Temporarily set torch's default dtype (MACE computes its constant buffers in it)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_mace(hparams: Mapping[str, Any]) -> modules.ScaleShiftMACE:
+    """A fresh ``ScaleShiftMACE`` in float64 from `FOUNDATION_ARCHITECTURE`-style hyper-parameters.
+
+    ``hparams`` also holds `DATA_STATISTICS`: ``atomic_energies`` (E0 per entry of
+    ``atomic_numbers``, eV), ``avg_num_neighbors``, and the scale (eV) and shift (eV) of the
+    per-atom interaction energy.
+    """
+    missing = [key for key in (*FOUNDATION_ARCHITECTURE, *DATA_STATISTICS) if key not in hparams]
+    if missing:
+        raise UserError(f"MACE hyper-parameters lack {missing}")
+    interaction = modules.interaction_classes[hparams["interaction"]]
+    with default_dtype(torch.float64):
+        return modules.ScaleShiftMACE(
+            r_max=hparams["r_max"], num_bessel=hparams["num_bessel"],
+            num_polynomial_cutoff=hparams["num_polynomial_cutoff"], max_ell=hparams["max_ell"],
+            interaction_cls=interaction, interaction_cls_first=interaction,
+            num_interactions=hparams["num_interactions"], num_elements=len(hparams["atomic_numbers"]),
+            hidden_irreps=o3.Irreps(hparams["hidden_irreps"]), MLP_irreps=o3.Irreps(hparams["MLP_irreps"]),
+            atomic_energies=np.asarray(hparams["atomic_energies"], dtype=np.float64),
+            avg_num_neighbors=hparams["avg_num_neighbors"], atomic_numbers=list(hparams["atomic_numbers"]),
+            correlation=hparams["correlation"], gate=torch.nn.functional.silu,
+            radial_MLP=list(hparams["radial_MLP"]), atomic_inter_scale=hparams["atomic_inter_scale"],
+            atomic_inter_shift=hparams["atomic_inter_shift"])
+
+
+def save_mace(model: nn.Module, hparams: Mapping[str, Any], path: str | Path,
+              provenance: Mapping[str, Any] | None = None) -> None:
+    """Write ``path`` (safetensors state dict) and ``path.json`` (hyper-parameters and provenance)."""
+    path = Path(path)
+    save_tensors(path, model.state_dict(), metadata={"format": "workbench-mace"})
+    write_json(path.with_suffix(".json"), {"hparams": dict(hparams), "provenance": dict(provenance or {})})
+
+
+def load_mace(source: str | Path | None = None, *, trust_checkpoint: bool = False,
+              dtype: torch.dtype = torch.float64) -> nn.Module:
+    """Load a MACE model: a workbench ``.safetensors`` (+ ``.json``) or, if trusted, a MACE ``.model``.
+
+    Args:
+        source: checkpoint path; None loads the shipped foundation model.
+        trust_checkpoint: allow a full-pickle ``.model`` file (it can run arbitrary code when loaded).
+        dtype: float64 (default, as MACE-OFF) or float32.
+    """
+    path = Path(source) if source is not None else SHIPPED_CHECKPOINT
+    if not path.is_file():
+        raise UserError(f"{path}: no such model file")
+    if path.suffix == ".safetensors":
+        model = _load_safetensors(path)
+    elif path.suffix == ".model" or path.suffix == ".pt":
+        if not trust_checkpoint:
+            raise UserError(f"{path}: a MACE .model file is a full pickle that can run code when loaded; "
+                            "pass --trust-checkpoint (Python: trust_checkpoint=True) if you trust its origin")
+        try:
+            model = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:
+            raise UserError(f"{path}: cannot be loaded as a MACE model ({error})") from None
+        if not isinstance(model, nn.Module) or not hasattr(model, "atomic_numbers"):
+            raise UserError(f"{path}: holds a {type(model).__name__}, not a MACE model")
+    else:
+        raise UserError(f"{path}: unknown model format '{path.suffix}'; expected .safetensors (+ .json) or a MACE .model")
+    return model.to(dtype).eval()
+
+
+def _load_safetensors(path: Path) -> nn.Module:
+    state = load_tensors(path)
+    config_path = path.with_suffix(".json")
+    if not config_path.is_file():
+        raise UserError(f"{config_path}: missing; it holds the hyper-parameters of {path.name}")
+    try:
+        hparams = json.loads(config_path.read_text())["hparams"]
+    except (json.JSONDecodeError, KeyError) as error:
+        raise UserError(f"{config_path}: field 'hparams': expected a JSON object of MACE hyper-parameters ({error})") from None
+    model = build_mace(hparams)
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise UserError(f"{path}: weights do not fit the hyper-parameters in {config_path.name} "
+                        f"({len(expected) - len(missing)} of {len(expected)} tensors matched; "
+                        f"missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, value in state.items():
+        if expected[name].shape != value.shape:
+            raise UserError(f"{path}: tensor '{name}': expected shape {tuple(expected[name].shape)}, found {tuple(value.shape)}")
+    model.load_state_dict(state)
+    return model
+
+
+def atomic_numbers_of(model: nn.Module) -> list[int]:
+    """The elements a MACE model knows, in the order of its one-hot embedding."""
+    return [int(z) for z in model.atomic_numbers]
+
+
+def set_atomic_energies(model: nn.Module, e0s_ev: Mapping[int, float]) -> None:
+    """Replace the model's isolated-atom energies E0 (eV per element) in place."""
+    zs = atomic_numbers_of(model)
+    missing = [z for z in zs if z not in e0s_ev]
+    if missing:
+        raise UserError(f"E0s are missing for atomic number(s) {missing}")
+    buffer = model.atomic_energies_fn.atomic_energies
+    values = torch.tensor([[e0s_ev[z] for z in zs]], dtype=buffer.dtype, device=buffer.device)
+    buffer.copy_(values.reshape(buffer.shape))
+
+
+def calculator(model: nn.Module, device: str = "cpu"):
+    """An ASE calculator (mace-torch's ``MACECalculator``) that drives MD with ``model``.
+
+    ``model`` must be plain (adapters merged): use `workbench.Run.calculator` for a run's model.
+    """
+    from mace.calculators import MACECalculator
+
+    dtype = "float64" if next(model.parameters()).dtype == torch.float64 else "float32"
+    return MACECalculator(models=model, device=device, default_dtype=dtype)
+
+
+@models.register
+class Mace(ModelFamily):
+    """MACE from mace-torch; the shipped foundation is ``mace_xtb_small`` (GFN2-xTB, H/C/N/O)."""
+
+    name = "mace"
+    description = "MACE equivariant interatomic potential (mace-torch); shipped: small GFN2-xTB foundation model"
+    card = "mace-xtb-small"
+
+    def load(self, source=None, *, trust_checkpoint=False, dtype=torch.float64) -> nn.Module:
+        return load_mace(source, trust_checkpoint=trust_checkpoint, dtype=dtype)

@@ -1,0 +1,68 @@
+"""Shared fixtures: a small random MACE model and real molecules (the embedded DFT frames)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import workbench  # noqa: F401  (sets torch's safe globals before e3nn is imported)
+from workbench.models.mace import FOUNDATION_ARCHITECTURE, build_mace
+
+ROOT = Path(__file__).resolve().parents[1]
+EMBEDDED_RMD17 = ROOT / "domains" / "atomistic" / "embedded" / "rmd17"
+
+
+def small_mace(seed: int = 0, channels: int = 16):
+    """A random MACE of the foundation's architecture with fewer channels (fast tests)."""
+    torch.manual_seed(seed)
+    hparams = dict(FOUNDATION_ARCHITECTURE, hidden_irreps=f"{channels}x0e + {channels}x1o",
+                   atomic_energies=[-13.6, -1029.0, -1485.0, -2042.0], avg_num_neighbors=8.0,
+                   atomic_inter_scale=1.0, atomic_inter_shift=0.0)
+    return build_mace(hparams)
+
+
+@pytest.fixture
+def mace_model():
+    return small_mace()
+
+
+@pytest.fixture(scope="session")
+def ethanol():
+    """(atomic numbers (9,), positions (n_frames, 9, 3) [Å]) of the embedded ethanol frames."""
+    with np.load(EMBEDDED_RMD17 / "npz_data" / "rmd17_ethanol.npz") as data:
+        return data["nuclear_charges"], data["coords"]
+
+
+def energy_forces(model, atomic_numbers):
+    """``positions (n, 3) [Å] -> (energy () [eV], forces (n, 3) [eV/Å])`` of ``model``, for property checks."""
+    from workbench.domains.atomistic.frames import Frame, collate, to_graphs
+
+    def compute(positions: torch.Tensor):
+        graphs = to_graphs([Frame(np.asarray(atomic_numbers), positions.detach().numpy())],
+                           [int(z) for z in model.atomic_numbers], float(model.r_max))
+        out = model(collate(graphs).to_dict(), training=False, compute_force=True)
+        return out["energy"][0].detach(), out["forces"].detach()
+
+    return compute
+
+
+def outputs_on(atomic_numbers, positions):
+    """``model -> {"energy", "forces"}`` on a few frames (the ``outputs`` of workbench.testing checks)."""
+    def outputs(model):
+        energies, forces = zip(*(energy_forces(model, atomic_numbers)(torch.as_tensor(p)) for p in positions))
+        return {"energy": torch.stack(energies), "forces": torch.stack(forces)}
+
+    return outputs
+
+
+def randomize_trainable(model, scale: float = 0.1, seed: int = 1):
+    """Give every trainable tensor random non-zero values (adapters then really change the model)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * scale)
+    return model

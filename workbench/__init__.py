@@ -1,0 +1,19 @@
+"""Scientific domain-adaptation workbench: adapt a pretrained model to your data, honestly measured.
+
+    >>> import workbench
+    >>> run = workbench.adapt(domain="rmd17", method="elora", epochs=2, train_size=20)  # doctest: +SKIP
+    >>> run.metrics["after"]["forces_mae_mev_per_a"]                                    # doctest: +SKIP
+"""
+
+import torch
+
+# e3nn 0.4.4 (pinned by mace-torch) loads its Clebsch-Gordan constants with torch.load, which under
+# torch >= 2.6 refuses the `slice` objects they contain; allowing exactly that one type fixes it
+# (never TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD). It must run before e3nn is first imported.
+torch.serialization.add_safe_globals([slice])
+
+__version__ = "0.1.0"
+
+from workbench.run import Run, adapt, evaluate  # noqa: E402
+
+__all__ = ["Run", "adapt", "evaluate", "__version__"]

@@ -1,0 +1,72 @@
+"""Atomic file writes and checkpoints that never need a pickle to load."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from workbench.errors import UserError
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        yield Path(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as temporary:
+        temporary.write_text(text)
+
+
+def write_json(path: str | Path, content: Any) -> None:
+    write_text(path, json.dumps(content, indent=2, sort_keys=False) + "\n")
+
+
+def save_tensors(path: str | Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> None:
+    """Write tensors as safetensors, atomically."""
+    with atomic_path(path) as temporary:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(temporary),
+                  metadata=dict(metadata or {}))
+
+
+def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a safetensors file; a missing or corrupt file is a `UserError` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    try:
+        return load_file(str(path))
+    except Exception as error:  # safetensors raises several kinds for a damaged header or body
+        raise UserError(f"{path}: not a readable safetensors file ({error}); "
+                        "the file is damaged or of another format") from None
+
+
+def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> None:
+    """Write a training checkpoint (tensors, numbers, strings, lists, dicts) atomically."""
+    with atomic_path(path) as temporary:
+        torch.save(dict(state), temporary)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint written by `save_checkpoint` with ``weights_only=True`` (no arbitrary code)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise UserError(f"{path}: damaged training checkpoint ({error}); delete it to start that method afresh") from None

@@ -1,0 +1,67 @@
+"""The shape every adaptation method shares.
+
+A method hooks into the run at named points: ``prepare`` (attach adapters, choose what trains),
+``merge`` (fold adapters into plain weights at the end) and the state it owns apart from the base
+model (``trainable_state``, saved as ``adapter.safetensors``). Methods stay usable without the
+trainer, on plain PyTorch modules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+import torch
+from torch import nn
+
+from workbench.errors import UserError
+from workbench.options import Option, resolve_options
+
+
+class Method:
+    """Base class of adaptation methods; subclasses set the class attributes and ``prepare``."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    #: Learning rate used when the user does not give one (the method's authors' choice where known).
+    learning_rate: ClassVar[float] = 1e-3
+    #: Method-specific options, e.g. ``rank``.
+    options: ClassVar[tuple[Option, ...]] = ()
+
+    def __init__(self, **options: Any):
+        self.config = resolve_options(f"method '{self.name}'", self.options, options)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Attach what the method trains and freeze the rest, in place; returns the model."""
+        raise NotImplementedError
+
+    def merge(self, model: nn.Module) -> nn.Module:
+        """Fold adapters into the base weights; returns a plain model (identity for weight-only methods)."""
+        return model
+
+    def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """What the method owns apart from the frozen base: every trainable parameter, by name."""
+        return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+    def load_trainable_state(self, model: nn.Module, state: Mapping[str, torch.Tensor],
+                             source: str | Path = "<state>") -> None:
+        """Load a state from `trainable_state` into a prepared model; every key must match."""
+        params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        if missing or unexpected:
+            raise UserError(f"{source}: adapter state does not fit this model and method '{self.name}' "
+                            f"({len(state) - len(unexpected)} of {len(params)} tensors matched; "
+                            f"missing {missing[:3]}, unexpected {unexpected[:3]})")
+        with torch.no_grad():
+            for name, value in state.items():
+                if params[name].shape != value.shape:
+                    raise UserError(f"{source}: tensor '{name}': expected shape {tuple(params[name].shape)}, "
+                                    f"found {tuple(value.shape)}")
+                params[name].copy_(value)
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts of a prepared model, adapters included."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total

@@ -1,0 +1,74 @@
+"""Registries of tasks, models and methods, open to third parties through entry points.
+
+A plug-in module registers its class with a decorator::
+
+    @methods.register
+    class MyMethod(Method):
+        name = "my-method"
+        description = "One line shown by `workbench list`."
+
+and is found through its distribution's entry points (``[project.entry-points."workbench.methods"]
+my-method = "my_package.my_method"``). The workbench's own plug-ins are declared the same way in its
+``pyproject.toml``, so there is one mechanism for both.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Generic, TypeVar
+
+from workbench.errors import UserError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T", bound=type)
+
+
+class Registry(Generic[T]):
+    """Name -> class for one plug-in kind; names are unique (a second registration is an error)."""
+
+    def __init__(self, kind: str, group: str):
+        self.kind = kind
+        self.group = group
+        self._classes: dict[str, T] = {}
+        self._discovered = False
+
+    def register(self, cls: T) -> T:
+        """Class decorator: registers ``cls`` under ``cls.name``."""
+        name = cls.name
+        if name in self._classes and self._classes[name] is not cls:
+            raise ValueError(f"{self.kind} '{name}' is registered twice: "
+                             f"{self._classes[name].__module__} and {cls.__module__}")
+        self._classes[name] = cls
+        return cls
+
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        for entry in entry_points(group=self.group):
+            try:
+                import_module(entry.value.split(":")[0])
+            except Exception as error:  # a broken third-party plug-in must not break the others
+                log.warning("could not load %s plug-in '%s' (%s): %s", self.kind, entry.name, entry.value, error)
+
+    def get(self, name: str) -> T:
+        """The class registered as ``name``; an unknown name is a `UserError` listing the known ones."""
+        self._discover()
+        try:
+            return self._classes[name]
+        except KeyError:
+            raise UserError(f"unknown {self.kind} '{name}'; known: {', '.join(self.names())}") from None
+
+    def names(self) -> list[str]:
+        self._discover()
+        return sorted(self._classes)
+
+    def items(self) -> list[tuple[str, T]]:
+        return [(name, self._classes[name]) for name in self.names()]
+
+
+tasks: Registry = Registry("task", "workbench.tasks")
+models: Registry = Registry("model", "workbench.models")
+methods: Registry = Registry("method", "workbench.methods")

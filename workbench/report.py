@@ -1,0 +1,76 @@
+"""The run's human-readable side: the before/after table, learning curves and ``report.md``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import yaml  # noqa: E402
+
+from workbench.config import RunConfig  # noqa: E402
+from workbench.task import TaskData  # noqa: E402
+
+
+def _rows(metrics: Mapping[str, Any]) -> list[tuple[str, Mapping[str, float], Mapping[str, Any] | None]]:
+    rows = [("before (pretrained)", metrics["before"], None),
+            (f"{metrics['method']} (chosen)", metrics["after"], metrics["costs"][metrics["method"]])]
+    rows += [(name, values, metrics["costs"][name]) for name, values in metrics["baselines"].items()]
+    return rows
+
+
+def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
+    """A fixed-width before/after table for the terminal."""
+    header = ["model", *metric_names, "trainable", "s/epoch", "epochs"]
+    lines = []
+    for label, values, cost in _rows(metrics):
+        lines.append([label, *(f"{values[m]:.2f}" for m in metric_names),
+                      f"{cost['trainable_parameters']:,}" if cost else "-",
+                      f"{cost['seconds_per_epoch']:.2f}" if cost else "-",
+                      str(cost["epochs"]) if cost else "-"])
+    widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
+    fmt = lambda row: "  ".join(str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))  # noqa: E731
+    rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
+    title = f"{metrics['task']}: test-split errors ({metrics['samples']['test']} samples, trained on {metrics['samples']['train']})"
+    return "\n".join([title, rule, fmt(header), rule, *map(fmt, lines), rule])
+
+
+def learning_curves(results: Mapping[str, Mapping[str, Any]], out_dir: Path, name: str = "learning_curves.png") -> tuple[str, str]:
+    """Training and validation loss per epoch for every method (log scale)."""
+    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    for index, (method, result) in enumerate(results.items()):
+        epochs = [h["epoch"] + 1 for h in result["history"]]
+        color = f"C{index}"
+        axis.plot(epochs, [h["val_loss"] for h in result["history"]], color=color, label=f"{method} (validation)")
+        axis.plot(epochs, [h["train_loss"] for h in result["history"]], color=color, ls=":", alpha=0.7)
+        axis.plot([result["best_epoch"] + 1], [result["history"][result["best_epoch"]]["val_loss"]], "o", color=color)
+    axis.set_yscale("log")
+    axis.set_xlabel("epoch")
+    axis.set_ylabel("loss (dotted: training)")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(Path(out_dir) / name, dpi=110)
+    plt.close(figure)
+    return "Learning curves (dots: the epoch whose weights were kept)", name
+
+
+def markdown(config: RunConfig, data: TaskData, metrics: Mapping[str, Any], figures: Sequence[tuple[str, str]],
+             metric_names: Sequence[str]) -> str:
+    """The run's ``report.md``: what was run, the table, the plots, the configuration."""
+    header = "| model | " + " | ".join(metric_names) + " | trainable params | s/epoch | epochs (best) |"
+    lines = [f"# {config.task}: {config.method} vs {', '.join(config.baselines) or 'no baselines'}", "",
+             f"Data: `{data.source}` — {metrics['samples']['train']} training, {metrics['samples']['val']} validation, "
+             f"{metrics['samples']['test']} test samples. Seed {config.seed}, device {config.device}.", "",
+             header, "|" + "---|" * (len(metric_names) + 4)]
+    for label, values, cost in _rows(metrics):
+        extra = (f"{cost['trainable_parameters']:,} | {cost['seconds_per_epoch']:.2f} | {cost['epochs']} ({cost['best_epoch'] + 1})"
+                 if cost else "- | - | -")
+        lines.append(f"| {label} | " + " | ".join(f"{values[m]:.3f}" for m in metric_names) + f" | {extra} |")
+    lines += ["", "Errors are on the test split; lower is better."]
+    for caption, file_name in figures:
+        lines += ["", f"## {caption}", "", f"![{caption}]({file_name})"]
+    lines += ["", "## Configuration", "", "```yaml", yaml.safe_dump(config.to_dict(), sort_keys=False).rstrip(), "```", ""]
+    return "\n".join(lines)

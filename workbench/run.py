@@ -1,0 +1,290 @@
+"""A run: adapt a pretrained model with one method, beside its baselines, and write the run directory.
+
+Run directory::
+
+    config.yaml             the resolved configuration
+    metrics.json            before/after, baselines, parameter counts, time, memory (written last)
+    adapter.safetensors     what the chosen method trained (+ adapter.json: method, options, task state)
+    report.md, *.png        tables and plots
+    log.txt                 the log
+    results/                one finished method each (metrics, history, predictions): what --resume reuses
+    checkpoints/            the method in training, one file per method, removed when the run completes
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import resource
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+from torch import nn
+
+from workbench import report
+from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
+from workbench.config import RunConfig, resolve_config
+from workbench.errors import UserError
+from workbench.method import Method, count_parameters
+from workbench.registry import methods, tasks
+from workbench.task import Evaluation, Task, TaskData
+from workbench.trainer import Trainer, TrainSettings, distributed
+
+log = logging.getLogger("workbench")
+
+
+@dataclass
+class Run:
+    """A finished run: its directory, configuration, metrics and adapted (merged) model."""
+
+    path: Path
+    config: RunConfig
+    metrics: dict[str, Any]
+    model: nn.Module | None = field(default=None, repr=False)
+
+    @property
+    def paths(self) -> dict[str, Path]:
+        names = ["config.yaml", "metrics.json", "adapter.safetensors", "adapter.json", "report.md", "log.txt"]
+        return {name: self.path / name for name in names if (self.path / name).exists()}
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Run":
+        """Read a finished run and rebuild its adapted model (base model + task state + adapter, merged)."""
+        path = Path(path)
+        for name in ("config.yaml", "metrics.json", "adapter.safetensors", "adapter.json"):
+            if not (path / name).is_file():
+                raise UserError(f"{path}: not a finished run ({name} is missing)")
+        config = RunConfig.from_dict(yaml.safe_load((path / "config.yaml").read_text()))
+        metrics = json.loads((path / "metrics.json").read_text())
+        adapter = json.loads((path / "adapter.json").read_text())
+        task = tasks.get(config.task)(**config.task_options)
+        model = task.load_model(config.model, config.trust_checkpoint)
+        task.restore(model, adapter["task_state"])
+        method = methods.get(adapter["method"])(**adapter["options"])
+        torch.manual_seed(config.seed)
+        method.prepare(model)
+        method.load_trainable_state(model, load_tensors(path / "adapter.safetensors"), source=path / "adapter.safetensors")
+        return cls(path, config, metrics, method.merge(model).eval())
+
+
+def adapt(domain: str, method: str | None = None, *, data: str | None = None, model: str | None = None,
+          out: str | None = None, epochs: int | None = None, train_size: int | None = None,
+          val_size: int | None = None, batch_size: int | None = None, learning_rate: float | None = None,
+          seed: int = 0, device: str = "auto", resume: bool = False, quiet: bool = False,
+          trust_checkpoint: bool = False, baselines: list[str] | None = None,
+          method_options: dict[str, Any] | None = None, **task_options: Any) -> Run:
+    """Adapt the task's pretrained model to its data with ``method``; run the baselines beside it.
+
+    Example::
+
+        >>> run = workbench.adapt(domain="rmd17", method="elora", epochs=5, train_size=20)  # doctest: +SKIP
+        >>> run.metrics["after"], run.path                                                  # doctest: +SKIP
+
+    Returns a `Run` whose ``model`` is the adapted model with its adapters merged.
+    """
+    config, warnings = resolve_config(
+        domain, method=method, baselines=baselines, data=data, model=model, trust_checkpoint=trust_checkpoint,
+        out=out, epochs=epochs, train_size=train_size, val_size=val_size, batch_size=batch_size,
+        learning_rate=learning_rate, seed=seed, device=device, task_options=task_options,
+        method_options=method_options)
+    _init_distributed(config.device)
+    rank, _ = distributed()
+    if rank != 0:
+        log.setLevel(logging.WARNING)
+    for warning in warnings:
+        log.warning(warning)
+    out_dir = Path(config.out)
+    _check_out_dir(out_dir, config, resume)
+    if resume and (out_dir / "metrics.json").is_file():
+        log.info("%s is complete; nothing to resume", out_dir)
+        return Run.load(out_dir)
+
+    task: Task = tasks.get(config.task)(**config.task_options)
+    device = torch.device(config.device)
+    torch.manual_seed(config.seed)
+    raw = task.read(config.data, config.seed)
+    base = task.load_model(config.model, config.trust_checkpoint)
+    data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
+    base.to(device)
+    # Everything the user gave has been read and checked: only now does the run directory appear.
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
+        _log_to(out_dir / "log.txt", quiet)
+    log.info("%s: %d train / %d val / %d test samples from %s", config.task, len(data.train), len(data.val),
+             len(data.test), data.source)
+
+    before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank)
+    results: dict[str, dict[str, Any]] = {}
+    evaluations: dict[str, Evaluation] = {"before": before}
+    names = [config.method, *config.baselines]
+    for index, name in enumerate(names, start=1):
+        log.info("[%d/%d] %s", index, len(names), name)
+        chosen = name == config.method
+        results[name], evaluations[name] = _run_method(
+            task, base, data, name, config.method_options if chosen else {}, config, out_dir, device, resume, rank,
+            progress=not quiet, task_state=task_state if chosen else None)
+    metrics = _metrics(config, data, before, results)
+    if rank == 0:
+        figures = task.figures(evaluations, out_dir) + [report.learning_curves(results, out_dir)]
+        write_text(out_dir / "report.md", report.markdown(config, data, metrics, figures, task.metrics))
+        write_json(out_dir / "metrics.json", metrics)  # last: its presence marks the run complete
+        _remove_checkpoints(out_dir)
+        if not quiet:
+            print(report.table(metrics, task.metrics), file=sys.stderr)
+            print(f"run written to {out_dir}", file=sys.stderr)
+        return Run.load(out_dir)  # rebuilt from what was written: the run directory is the result
+    return Run(out_dir, config, metrics)
+
+
+def evaluate(run: str | Path, data: str | None = None, device: str = "auto") -> dict[str, float]:
+    """Re-score a finished run on the test split of ``data`` (default: its own data); writes ``evaluations/``."""
+    finished = Run.load(run)
+    config = finished.config
+    task = tasks.get(config.task)(**config.task_options)
+    device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if device == "auto" else device))
+    raw = task.read(data if data is not None else config.data, config.seed)
+    samples = task.test_samples(finished.model, raw)
+    evaluation = task.evaluate(finished.model.to(device), samples, device)
+    write_json(finished.path / "evaluations" / f"{Path(raw.source).stem}.json",
+               {"data": raw.source, "test_samples": len(samples), "metrics": evaluation.metrics})
+    return evaluation.metrics
+
+
+# -- steps of `adapt` ----------------------------------------------------------------------------
+def _init_distributed(device: str) -> None:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _check_out_dir(out_dir: Path, config: RunConfig, resume: bool) -> None:
+    saved = out_dir / "config.yaml"
+    if resume:
+        if not saved.is_file():
+            raise UserError(f"{out_dir}: nothing to resume (no config.yaml); give the --out of an earlier run")
+        earlier = yaml.safe_load(saved.read_text())
+        now = config.to_dict()
+        changed = {key: (earlier.get(key), now[key]) for key in now if key != "out" and earlier.get(key) != now[key]}
+        if changed:
+            details = "; ".join(f"{key}: was {old!r}, now {new!r}" for key, (old, new) in changed.items())
+            raise UserError(f"{saved}: --resume must use the same settings as the interrupted run ({details})")
+    elif out_dir.exists() and any(out_dir.iterdir()):
+        raise UserError(f"{out_dir}: already exists; choose another --out, or add --resume to continue that run")
+
+
+def _log_to(path: Path, quiet: bool) -> None:
+    logger = logging.getLogger("workbench")
+    logger.setLevel(logging.INFO)
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve()) for h in logger.handlers):
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def _evaluate_or_reuse(task: Task, model: nn.Module, data: TaskData, name: str, out_dir: Path,
+                       device: torch.device, rank: int) -> Evaluation:
+    saved = _load_result(out_dir, name)
+    if saved is not None:
+        return saved[1]
+    evaluation = task.evaluate(model, data.test, device)
+    if rank == 0:
+        _save_result(out_dir, name, {"metrics": evaluation.metrics}, evaluation)
+    return evaluation
+
+
+def _run_method(task: Task, base: nn.Module, data: TaskData, name: str, options: dict[str, Any], config: RunConfig,
+                out_dir: Path, device: torch.device, resume: bool, rank: int, progress: bool,
+                task_state: dict[str, Any] | None) -> tuple[dict[str, Any], Evaluation]:
+    """Train one method on a copy of ``base``; reuse its saved result when resuming.
+
+    With a ``task_state`` (the chosen method), the adapter is written too, before the result that
+    marks the method finished.
+    """
+    saved = _load_result(out_dir, name)
+    if saved is not None:
+        log.info("%s: finished earlier, reusing its results", name)
+        return saved
+    method: Method = methods.get(name)(**options)
+    torch.manual_seed(config.seed)
+    model = method.prepare(copy.deepcopy(base)).to(device)
+    trainable, total = count_parameters(model)
+    settings = TrainSettings(epochs=config.epochs, batch_size=config.batch_size,
+                             learning_rate=config.learning_rate or method.learning_rate, seed=config.seed,
+                             patience=task.defaults.get("patience", TrainSettings.patience))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer = Trainer(model, task.loss, task.collate, data.train, data.val, settings,
+                      checkpoint_path=out_dir / "checkpoints" / f"{name}.pt", device=device,
+                      progress=progress, label=name)
+    history = trainer.fit(resume=resume)
+    evaluation = task.evaluate(model, data.test, device)
+    result = {"metrics": evaluation.metrics, "learning_rate": settings.learning_rate,
+              "trainable_parameters": trainable, "total_parameters": total,
+              "train_seconds": float(sum(h["seconds"] for h in history)),
+              "seconds_per_epoch": float(np.mean([h["seconds"] for h in history])),
+              "epochs": len(history), "best_epoch": trainer.best["epoch"],
+              "peak_memory_bytes": _peak_memory_bytes(device), "history": history}
+    if rank == 0:
+        if task_state is not None:
+            _save_adapter(out_dir, method, model, task_state)
+        _save_result(out_dir, name, result, evaluation)
+    return result, evaluation
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated GPU memory, or on CPU the process's resident high-water mark so far."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def _save_result(out_dir: Path, name: str, result: dict[str, Any], evaluation: Evaluation) -> None:
+    save_tensors(out_dir / "results" / f"{name}.predictions.safetensors",
+                 {k: torch.as_tensor(v) for k, v in evaluation.predictions.items()})
+    write_json(out_dir / "results" / f"{name}.json", result)
+
+
+def _load_result(out_dir: Path, name: str) -> tuple[dict[str, Any], Evaluation] | None:
+    path = out_dir / "results" / f"{name}.json"
+    if not path.is_file():
+        return None
+    result = json.loads(path.read_text())
+    predictions = {k: v.numpy() for k, v in load_tensors(out_dir / "results" / f"{name}.predictions.safetensors").items()}
+    return result, Evaluation(result["metrics"], predictions)
+
+
+def _save_adapter(out_dir: Path, method: Method, model: nn.Module, task_state: dict[str, Any]) -> None:
+    save_tensors(out_dir / "adapter.safetensors", method.trainable_state(model), metadata={"method": method.name})
+    write_json(out_dir / "adapter.json", {"method": method.name, "options": method.config, "task_state": task_state})
+
+
+def _metrics(config: RunConfig, data: TaskData, before: Evaluation, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    chosen = results[config.method]
+    costs = {name: {key: value for key, value in result.items() if key not in ("metrics", "history")}
+             for name, result in results.items()}
+    return {"task": config.task, "method": config.method, "seed": config.seed, "data": data.source,
+            "samples": {"train": len(data.train), "val": len(data.val), "test": len(data.test)},
+            "before": before.metrics, "after": chosen["metrics"],
+            "baselines": {name: results[name]["metrics"] for name in config.baselines},
+            "trainable_parameters": chosen["trainable_parameters"], "total_parameters": chosen["total_parameters"],
+            "train_seconds": chosen["train_seconds"], "peak_memory_bytes": chosen["peak_memory_bytes"],
+            "costs": costs}
+
+
+def _remove_checkpoints(out_dir: Path) -> None:
+    folder = out_dir / "checkpoints"
+    if folder.is_dir():
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()

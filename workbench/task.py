@@ -1,0 +1,113 @@
+"""The shape every task shares: a named adaptation problem that reads its data and scores models.
+
+A task (in ``domains/<domain>/``) knows how to read its data (the real layout and the embedded
+default), its splits, its loss and metrics, its default backbone and method, and its data card. The
+run (`workbench.run`) calls the hooks below in order; the core never looks inside the samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from workbench.errors import UserError
+from workbench.options import Option, resolve_options
+
+
+@dataclass
+class TaskData:
+    """Samples ready for training and testing (whatever the task's ``collate`` accepts)."""
+
+    train: Sequence[Any]
+    val: Sequence[Any]
+    test: Sequence[Any]
+    source: str
+    #: Facts shown in the report (frame counts, molecule, ...).
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Evaluation:
+    """Metrics on one split and the raw predictions behind them (for plots)."""
+
+    metrics: dict[str, float]
+    predictions: dict[str, np.ndarray]
+
+
+class Task:
+    """Base class of tasks; subclasses set the class attributes and implement the hooks."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    #: Data card of the embedded default data (``data_cards/<card>.yaml``).
+    card: ClassVar[str]
+    #: Name of the model family (in `workbench.registry.models`) this task adapts.
+    model_family: ClassVar[str]
+    default_method: ClassVar[str]
+    #: Methods run beside the chosen one in the same run.
+    baselines: ClassVar[tuple[str, ...]] = ()
+    #: Metric names, in the order the report shows them; the first is the headline.
+    metrics: ClassVar[tuple[str, ...]]
+    #: Training defaults of this task (`workbench.trainer.TrainSettings` fields and ``train_size``).
+    defaults: ClassVar[Mapping[str, Any]] = {}
+    options: ClassVar[tuple[Option, ...]] = ()
+
+    def __init__(self, **options: Any):
+        self.config = resolve_options(f"task '{self.name}'", self.options, options)
+
+    # -- data and model --------------------------------------------------------------------------
+    def read(self, data: str | Path | None, seed: int) -> Any:
+        """Read and check the labelled data (the embedded default when ``data`` is None).
+
+        Returns a task-specific object with a ``source`` attribute (a path or a description).
+        """
+        raise NotImplementedError
+
+    def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
+        """The pretrained model to adapt (the shipped one when ``source`` is None)."""
+        raise NotImplementedError
+
+    def prepare(self, model: nn.Module, raw: Any, train_size: int, val_size: int, seed: int
+                ) -> tuple[TaskData, dict[str, Any]]:
+        """Fit the model's data-dependent constants (returned as a JSON-able task state) and make samples."""
+        raise NotImplementedError
+
+    def test_samples(self, model: nn.Module, raw: Any) -> Sequence[Any]:
+        """Samples of the test split of ``raw`` (as returned by ``read``) for ``model``."""
+        raise NotImplementedError
+
+    def restore(self, model: nn.Module, state: Mapping[str, Any]) -> None:
+        """Put a task state returned by ``prepare`` back into a freshly loaded model."""
+        raise NotImplementedError
+
+    # -- training and scoring --------------------------------------------------------------------
+    def collate(self, samples: Sequence[Any], device: torch.device) -> Any:
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module, samples: Sequence[Any], device: torch.device) -> Evaluation:
+        raise NotImplementedError
+
+    def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
+        """Write the domain's plots into ``out_dir``; returns (caption, file name) pairs."""
+        return []
+
+    # -- data commands ---------------------------------------------------------------------------
+    def info(self, data: str | Path | None) -> str:
+        """A human-readable description of the data (``workbench data info``)."""
+        raise NotImplementedError
+
+    def generate(self, out: Path, **kwargs: Any) -> str:
+        """Generate data with real simulators into ``out`` (``workbench data generate``)."""
+        raise UserError(f"task '{self.name}' has no data generator")
+
+    def pretrain(self, out: Path, **kwargs: Any) -> str:
+        """Train the task's shipped foundation model from scratch (``workbench pretrain``)."""
+        raise UserError(f"task '{self.name}' has no pretraining recipe")

@@ -1,0 +1,214 @@
+"""One trainer for every task: early stopping, EMA, clipping, atomic checkpoints, resume, DDP.
+
+The task supplies a loss (``loss_fn(model, batch, training) -> scalar``) and a way to turn a list of
+samples into a batch (``collate(samples, device)``); the method has already chosen which parameters
+train (``requires_grad``). The same code runs single-process and under ``torchrun`` (DDP: each rank
+trains on its share of every epoch, gradients are averaged; gloo on CPU, nccl on GPU).
+
+Determinism: epoch ``e`` shuffles with a generator seeded by ``(seed, e)``, and a checkpoint holds every
+other piece of state (parameters, optimizer, scheduler, EMA, early-stopping record), so a run killed
+and resumed gives the same numbers as one left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch_ema import ExponentialMovingAverage
+from tqdm.auto import tqdm
+
+from workbench.checkpoint import load_checkpoint, save_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Optimisation settings (Adam/AMSGrad, plateau schedule, early stopping on the validation loss)."""
+
+    epochs: int = 40
+    batch_size: int = 5
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    amsgrad: bool = True
+    #: Decay of the exponential moving average of the trained weights; None turns EMA off.
+    ema_decay: float | None = 0.99
+    #: Largest gradient norm; None turns clipping off.
+    clip_grad_norm: float | None = 10.0
+    #: Epochs without a better validation loss before training stops.
+    patience: int = 15
+    #: The learning rate is multiplied by ``lr_factor`` after ``lr_patience`` epochs without improvement.
+    lr_factor: float = 0.5
+    lr_patience: int = 5
+    seed: int = 0
+
+
+def distributed() -> tuple[int, int]:
+    """(rank, world size); (0, 1) outside ``torchrun``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class Trainer:
+    """Fits the trainable parameters of ``model``; leaves the best (EMA) weights in it.
+
+    Args:
+        model: a prepared model (its trainable parameters have ``requires_grad``).
+        loss_fn: ``loss_fn(model, batch, training) -> scalar tensor`` (mean over the batch).
+        collate: ``collate(samples, device) -> batch``.
+        train_samples, val_samples: sequences of samples (any objects ``collate`` accepts).
+        settings: `TrainSettings`.
+        checkpoint_path: written atomically after every epoch (rank 0); read back by ``fit(resume=True)``.
+        device: where batches go.
+        progress: show a progress bar (rank 0 only).
+        label: names the run in the progress bar and the log.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, Any, bool], torch.Tensor],
+                 collate: Callable[[Sequence[Any], torch.device], Any], train_samples: Sequence[Any],
+                 val_samples: Sequence[Any], settings: TrainSettings, checkpoint_path: str | Path | None = None,
+                 device: torch.device | str = "cpu", progress: bool = True, label: str = "train"):
+        self.model = model
+        self.loss_fn = loss_fn
+        self.collate = collate
+        self.train_samples = train_samples
+        self.val_samples = val_samples
+        self.settings = settings
+        self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
+        self.device = torch.device(device)
+        self.label = label
+        self.rank, self.world_size = distributed()
+        self.progress = progress and self.rank == 0
+        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError(f"{label}: the model has no trainable parameters")
+        if len(train_samples) < self.world_size * settings.batch_size:
+            raise ValueError(f"{label}: {len(train_samples)} training samples cannot fill one batch of "
+                             f"{settings.batch_size} on each of {self.world_size} processes")
+        self.optimizer = torch.optim.Adam(self.params, lr=settings.learning_rate, amsgrad=settings.amsgrad,
+                                          weight_decay=settings.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            self.optimizer, factor=settings.lr_factor, patience=settings.lr_patience)
+        self.ema = ExponentialMovingAverage(self.params, decay=settings.ema_decay) if settings.ema_decay else None
+        self.history: list[dict[str, float]] = []
+        self.best: dict[str, Any] = {"val_loss": float("inf"), "epoch": -1, "state": None}
+        self.stopped = False
+        if self.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.train_model: nn.Module = DistributedDataParallel(model)
+        else:
+            self.train_model = model
+
+    # -- one epoch -------------------------------------------------------------------------------
+    def _epoch_batches(self, epoch: int) -> list[list[Any]]:
+        generator = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.train_samples), generator=generator).tolist()
+        per_rank = len(order) // self.world_size  # every rank takes the same number of steps
+        mine = order[self.rank * per_rank:(self.rank + 1) * per_rank]
+        size = self.settings.batch_size
+        return [[self.train_samples[i] for i in mine[start:start + size]] for start in range(0, len(mine), size)]
+
+    def _train_epoch(self, epoch: int) -> float:
+        self.model.train()
+        total, count = 0.0, 0
+        for samples in self._epoch_batches(epoch):
+            batch = self.collate(samples, self.device)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.loss_fn(self.train_model, batch, True)
+            loss.backward()
+            if self.settings.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(self.params, self.settings.clip_grad_norm)
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()
+            total += loss.item() * len(samples)
+            count += len(samples)
+        return total / count
+
+    def validation_loss(self) -> float:
+        """Mean loss over the validation samples with the current (EMA) weights."""
+        self.model.eval()
+        total = 0.0
+        size = self.settings.batch_size
+        for start in range(0, len(self.val_samples), size):
+            samples = self.val_samples[start:start + size]
+            loss = self.loss_fn(self.model, self.collate(samples, self.device), False)
+            total += loss.item() * len(samples)
+        return total / len(self.val_samples)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _trainable_values(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone().cpu() for name, p in zip(self.names, self.params)}
+
+    def _state(self) -> dict[str, Any]:
+        return {"label": self.label, "settings": asdict(self.settings), "epoch": len(self.history),
+                "stopped": self.stopped, "params": self._trainable_values(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "ema": self.ema.state_dict() if self.ema is not None else None,
+                "best": self.best, "history": self.history}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        if state["label"] != self.label or state["settings"] != asdict(self.settings):
+            raise ValueError(f"{self.checkpoint_path}: checkpoint of '{state['label']}' with settings "
+                             f"{state['settings']} does not match '{self.label}' with {asdict(self.settings)}")
+        with torch.no_grad():
+            for name, p in zip(self.names, self.params):
+                p.copy_(state["params"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+        self.best, self.history, self.stopped = state["best"], state["history"], state["stopped"]
+
+    # -- the loop --------------------------------------------------------------------------------
+    def fit(self, resume: bool = False) -> list[dict[str, float]]:
+        """Train until ``epochs`` or early stopping; returns the per-epoch history.
+
+        With ``resume`` and an existing checkpoint, training continues where that checkpoint ends.
+        """
+        if resume and self.checkpoint_path is not None and self.checkpoint_path.is_file():
+            self._restore(load_checkpoint(self.checkpoint_path))
+            log.info("%s: resumed after epoch %d", self.label, len(self.history))
+        bar = tqdm(total=self.settings.epochs, initial=len(self.history), desc=self.label,
+                   disable=not self.progress, leave=False, unit="epoch")
+        while len(self.history) < self.settings.epochs and not self.stopped:
+            epoch = len(self.history)
+            start = time.perf_counter()
+            train_loss = self._train_epoch(epoch)
+            seconds = time.perf_counter() - start
+            with self._averaged():
+                val_loss = self.validation_loss()
+                if val_loss < self.best["val_loss"]:
+                    self.best = {"val_loss": val_loss, "epoch": epoch, "state": self._trainable_values()}
+            self.scheduler.step(val_loss)
+            self.history.append({"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss,
+                                 "lr": self.optimizer.param_groups[0]["lr"], "seconds": seconds})
+            self.stopped = epoch - self.best["epoch"] >= self.settings.patience
+            if self.rank == 0 and self.checkpoint_path is not None:
+                save_checkpoint(self.checkpoint_path, self._state())
+            bar.update(1)
+            bar.set_postfix(train=f"{train_loss:.4g}", val=f"{val_loss:.4g}")
+            log.debug("%s epoch %d: train %.5g val %.5g (%.2fs)", self.label, epoch, train_loss, val_loss, seconds)
+        bar.close()
+        if self.stopped:
+            log.info("%s: early stop after epoch %d (best %d)", self.label, len(self.history) - 1, self.best["epoch"])
+        if self.best["state"] is not None:
+            with torch.no_grad():
+                for name, p in zip(self.names, self.params):
+                    p.copy_(self.best["state"][name])
+        self.model.eval()
+        return self.history
+
+    def _averaged(self):
+        return nullcontext() if self.ema is None else self.ema.average_parameters()
