@@ -66,3 +66,25 @@ def randomize_trainable(model, scale: float = 0.1, seed: int = 1):
             if p.requires_grad:
                 p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * scale)
     return model
+
+
+def write_rmd17_layout(root: Path, molecule: str = "ethanol", n_frames: int = 60, n_train: int = 40,
+                       **replace) -> Path:
+    """A small rMD17-layout folder cut from the embedded DFT frames; ``replace`` swaps npz fields."""
+    with np.load(EMBEDDED_RMD17 / "npz_data" / "rmd17_ethanol.npz") as data:
+        arrays = {key: data[key][:n_frames] if data[key].ndim and key != "nuclear_charges" else data[key]
+                  for key in data.files}
+    arrays.update(replace)
+    arrays = {k: v for k, v in arrays.items() if v is not None}
+    (root / "npz_data").mkdir(parents=True, exist_ok=True)
+    (root / "splits").mkdir(exist_ok=True)
+    np.savez(root / "npz_data" / f"rmd17_{molecule}.npz", **arrays)
+    np.savetxt(root / "splits" / "index_train_01.csv", np.arange(n_train), fmt="%d")
+    np.savetxt(root / "splits" / "index_test_01.csv", np.arange(n_train, n_frames), fmt="%d")
+    return root
+
+
+@pytest.fixture
+def tiny_rmd17(tmp_path):
+    """60 embedded ethanol frames in rMD17's layout: 40 in the training split, 20 in the test split."""
+    return write_rmd17_layout(tmp_path / "rmd17")

@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--train-size", type=int, help="training samples drawn from the training split")
     adapt.add_argument("--val-size", type=int, help="validation samples (default: max(10, train-size / 5))")
     adapt.add_argument("--batch-size", type=int, help="samples per step (per process under torchrun)")
+    adapt.add_argument("--patience", type=int, help="epochs without validation improvement before stopping (default 15)")
     adapt.add_argument("--lr", type=float, help="learning rate (default: each method's own)")
     adapt.add_argument("--seed", type=int, default=0, help="seeds data selection, initialisation and shuffling (default 0)")
     adapt.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default auto")
@@ -150,7 +151,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         baselines = None if args.baselines is None else [b for b in args.baselines.split(",") if b]
         workbench.adapt(
             args.domain, args.method, data=args.data, model=args.model, out=args.out, epochs=args.epochs,
-            train_size=args.train_size, val_size=args.val_size, batch_size=args.batch_size, learning_rate=args.lr,
+            train_size=args.train_size, val_size=args.val_size, batch_size=args.batch_size, patience=args.patience,
+            learning_rate=args.lr,
             seed=args.seed, device=args.device, resume=args.resume, quiet=args.quiet,
             trust_checkpoint=args.trust_checkpoint, baselines=baselines,
             method_options=_given_options(args, "method", method_name, methods.get(method_name).options),

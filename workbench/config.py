@@ -34,6 +34,8 @@ class RunConfig:
     train_size: int
     val_size: int
     batch_size: int
+    #: Epochs without a better validation loss before a method's training stops.
+    patience: int
     #: None: each method's own default learning rate.
     learning_rate: float | None
     seed: int
@@ -54,8 +56,8 @@ class RunConfig:
 def resolve_config(domain: str, method: str | None = None, baselines: list[str] | tuple[str, ...] | None = None,
                    data: str | None = None, model: str | None = None, trust_checkpoint: bool = False,
                    out: str | None = None, epochs: int | None = None, train_size: int | None = None,
-                   val_size: int | None = None, batch_size: int | None = None, learning_rate: float | None = None,
-                   seed: int = 0, device: str = "auto", task_options: dict[str, Any] | None = None,
+                   val_size: int | None = None, batch_size: int | None = None, patience: int | None = None,
+                   learning_rate: float | None = None, seed: int = 0, device: str = "auto", task_options: dict[str, Any] | None = None,
                    method_options: dict[str, Any] | None = None, now: datetime | None = None
                    ) -> tuple[RunConfig, list[str]]:
     """Fill the task's defaults into the user's choices; returns the frozen config and warnings."""
@@ -74,8 +76,9 @@ def resolve_config(domain: str, method: str | None = None, baselines: list[str] 
     train_size = defaults.get("train_size", 100) if train_size is None else train_size
     val_size = max(10, train_size // 5) if val_size is None else val_size
     batch_size = defaults.get("batch_size", 8) if batch_size is None else batch_size
+    patience = defaults.get("patience", 15) if patience is None else patience
     for flag, value, low in (("--epochs", epochs, 1), ("--train-size", train_size, 1), ("--val-size", val_size, 1),
-                             ("--batch-size", batch_size, 1)):
+                             ("--batch-size", batch_size, 1), ("--patience", patience, 1)):
         if value < low:
             raise UserError(f"{flag} must be at least {low}, got {value}")
     if batch_size > train_size:
@@ -98,6 +101,6 @@ def resolve_config(domain: str, method: str | None = None, baselines: list[str] 
     config = RunConfig(task=domain, method=method, baselines=chosen_baselines, data=None if data is None else str(data),
                        model=None if model is None else str(model), trust_checkpoint=trust_checkpoint, out=str(out),
                        epochs=epochs, train_size=train_size, val_size=val_size, batch_size=batch_size,
-                       learning_rate=learning_rate, seed=seed, device=device, task_options=task_options,
+                       patience=patience, learning_rate=learning_rate, seed=seed, device=device, task_options=task_options,
                        method_options=method_options)
     return config, warnings

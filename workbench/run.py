@@ -77,7 +77,8 @@ class Run:
 
 def adapt(domain: str, method: str | None = None, *, data: str | None = None, model: str | None = None,
           out: str | None = None, epochs: int | None = None, train_size: int | None = None,
-          val_size: int | None = None, batch_size: int | None = None, learning_rate: float | None = None,
+          val_size: int | None = None, batch_size: int | None = None, patience: int | None = None,
+          learning_rate: float | None = None,
           seed: int = 0, device: str = "auto", resume: bool = False, quiet: bool = False,
           trust_checkpoint: bool = False, baselines: list[str] | None = None,
           method_options: dict[str, Any] | None = None, **task_options: Any) -> Run:
@@ -93,7 +94,7 @@ def adapt(domain: str, method: str | None = None, *, data: str | None = None, mo
     config, warnings = resolve_config(
         domain, method=method, baselines=baselines, data=data, model=model, trust_checkpoint=trust_checkpoint,
         out=out, epochs=epochs, train_size=train_size, val_size=val_size, batch_size=batch_size,
-        learning_rate=learning_rate, seed=seed, device=device, task_options=task_options,
+        patience=patience, learning_rate=learning_rate, seed=seed, device=device, task_options=task_options,
         method_options=method_options)
     _init_distributed(config.device)
     rank, _ = distributed()
@@ -119,8 +120,8 @@ def adapt(domain: str, method: str | None = None, *, data: str | None = None, mo
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
         _log_to(out_dir / "log.txt", quiet)
-    log.info("%s: %d train / %d val / %d test samples from %s", config.task, len(data.train), len(data.val),
-             len(data.test), data.source)
+    log.info("%s: %d train / %d val / %d test samples from %s; %d process(es) on %s", config.task, len(data.train),
+             len(data.val), len(data.test), data.source, distributed()[1], config.device)
 
     before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank)
     results: dict[str, dict[str, Any]] = {}
@@ -221,7 +222,7 @@ def _run_method(task: Task, base: nn.Module, data: TaskData, name: str, options:
     trainable, total = count_parameters(model)
     settings = TrainSettings(epochs=config.epochs, batch_size=config.batch_size,
                              learning_rate=config.learning_rate or method.learning_rate, seed=config.seed,
-                             patience=task.defaults.get("patience", TrainSettings.patience))
+                             patience=config.patience)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     trainer = Trainer(model, task.loss, task.collate, data.train, data.val, settings,
@@ -274,6 +275,7 @@ def _metrics(config: RunConfig, data: TaskData, before: Evaluation, results: dic
     costs = {name: {key: value for key, value in result.items() if key not in ("metrics", "history")}
              for name, result in results.items()}
     return {"task": config.task, "method": config.method, "seed": config.seed, "data": data.source,
+            "processes": distributed()[1],
             "samples": {"train": len(data.train), "val": len(data.val), "test": len(data.test)},
             "before": before.metrics, "after": chosen["metrics"],
             "baselines": {name: results[name]["metrics"] for name in config.baselines},

@@ -11,7 +11,7 @@ Every file is checked against its data card; a bad file is a `UserError` naming 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,8 @@ class LabelledSet:
     train_indices: np.ndarray
     test_indices: np.ndarray
     source: str
+    #: Isolated-atom energies at the data's level of theory {element symbol: eV}, when its card gives them.
+    isolated_atom_energies_ev: dict[str, float] = field(default_factory=dict)
 
 
 def find_rmd17_npz(path: str | Path, molecule: str) -> Path:
@@ -64,7 +66,8 @@ def read_rmd17(path: str | Path, molecule: str = "ethanol", split: int = 1, card
             arrays = {key: content[key] for key in content.files}
     except Exception as error:
         raise UserError(f"{npz_path}: not a readable npz file ({error})") from None
-    sizes = check_fields(load_card(card), npz_path, arrays)
+    data_card = load_card(card)
+    sizes = check_fields(data_card, npz_path, arrays)
     numbers = arrays["nuclear_charges"].astype(np.int64)
     energies_ev = arrays["energies"].astype(np.float64) * EV_PER_KCAL_PER_MOL
     forces_ev_per_a = arrays["forces"].astype(np.float64) * EV_PER_KCAL_PER_MOL
@@ -77,7 +80,8 @@ def read_rmd17(path: str | Path, molecule: str = "ethanol", split: int = 1, card
     if overlap.size:
         raise field_error(splits_dir, f"index_test_{split:02d}.csv", "indices disjoint from the training split",
                           f"{overlap.size} shared, e.g. {overlap[:3].tolist()}")
-    return LabelledSet(frames, train, test, source=str(npz_path))
+    return LabelledSet(frames, train, test, source=str(npz_path),
+                       isolated_atom_energies_ev=dict(data_card.content.get("isolated_atom_energies_ev", {})))
 
 
 def _read_split(path: Path, n_frames: int) -> np.ndarray:

@@ -39,22 +39,25 @@ EMBEDDED = Path(__file__).parent / "embedded" / "rmd17"
 _ELEMENT_NUMBERS = {"H": 1, "C": 6, "N": 7, "O": 8, "F": 9, "P": 15, "S": 16, "Cl": 17}
 
 
-def fit_atomic_energies(model: nn.Module, frames: Sequence[Frame], graphs: Sequence[Any]) -> dict[int, float]:
-    """E0 per element [eV] that best explain ``E_ref − E_interaction(model)`` over ``frames``.
+def fit_atomic_energies(model: nn.Module, frames: Sequence[Frame], graphs: Sequence[Any],
+                        prior_ev: Mapping[int, float]) -> dict[int, float]:
+    """E0 per element [eV]: ``prior + Δ`` with Δ the least-squares fit of ``E_ref − E_interaction(model) − Σ prior``.
 
-    Least squares over element counts (minimum-norm when the frames share one composition, as for a
-    single rMD17 molecule, where only the sum of E0s over the molecule is determined).
+    Δ is the minimum-norm solution over element counts, so when the frames share one composition (a
+    single rMD17 molecule, where only the sum over the molecule is determined) the E0s stay as close
+    as possible to the prior — the isolated-atom energies of the data's level of theory when its card
+    gives them. Elements absent from ``frames`` keep their prior.
     """
     zs = atomic_numbers_of(model)
     e0_now = model.atomic_energies_fn.atomic_energies.detach().cpu().numpy().reshape(-1)
+    prior = np.array([prior_ev.get(z, float(e0)) for z, e0 in zip(zs, e0_now)])
     counts = np.array([[np.count_nonzero(f.atomic_numbers == z) for z in zs] for f in frames], dtype=np.float64)
     predicted, _ = predict(model, graphs)
-    interaction = predicted - counts @ e0_now
-    targets = np.array([f.energy_ev for f in frames]) - interaction
+    residual = np.array([f.energy_ev for f in frames]) - (predicted - counts @ e0_now) - counts @ prior
     present = counts.sum(axis=0) > 0
-    solution = np.linalg.lstsq(counts[:, present], targets, rcond=None)[0]
-    fitted = dict(zip(np.array(zs)[present].tolist(), solution.tolist()))
-    return {z: fitted.get(z, float(e0)) for z, e0 in zip(zs, e0_now)}
+    correction = np.zeros(len(zs))
+    correction[present] = np.linalg.lstsq(counts[:, present], residual, rcond=None)[0]
+    return {z: float(e) for z, e in zip(zs, prior + correction)}
 
 
 def read_e0s_file(path: str | Path, needed: Sequence[int]) -> dict[int, float]:
@@ -89,8 +92,9 @@ class Rmd17(Task):
     options = (
         Option("molecule", str, "ethanol", "molecule of the rMD17 folder to adapt to"),
         Option("split", int, 1, "which rMD17 split (index_{train,test}_0K.csv, K = 1..5)"),
-        Option("e0s", str, "fit", "isolated-atom energies at the new level of theory: 'fit' (least squares "
-               "on the training frames) or a JSON file {element: eV}"),
+        Option("e0s", str, "fit", "isolated-atom energies E0 at the new level of theory: 'fit' (the data "
+               "card's isolated-atom energies corrected by least squares on the training frames) or a JSON "
+               "file {element: eV} used as is"),
         Option("energy_weight", float, 1.0, "weight of the per-atom energy error in the loss"),
         Option("forces_weight", float, 1000.0, "weight of the force error in the loss"),
     )
@@ -126,7 +130,8 @@ class Rmd17(Task):
         zs, r_max = atomic_numbers_of(model), float(model.r_max)
         train_graphs = to_graphs(train, zs, r_max)
         if self.config["e0s"] == "fit":
-            e0s = fit_atomic_energies(model, train, train_graphs)
+            prior = {_ELEMENT_NUMBERS[k]: v for k, v in raw.isolated_atom_energies_ev.items()}
+            e0s = fit_atomic_energies(model, train, train_graphs, prior)
         else:
             needed = sorted({int(z) for f in raw.frames for z in f.atomic_numbers})
             e0s = read_e0s_file(self.config["e0s"], needed)

@@ -1,0 +1,80 @@
+"""Registry, configuration resolution, data-card checks and atomic writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.checkpoint import load_tensors, save_tensors, write_text
+from workbench.config import RunConfig, resolve_config
+from workbench.datacard import DataCard, check_fields, load_card
+from workbench.errors import UserError
+from workbench.registry import Registry, methods, models, tasks
+
+
+def test_builtin_plugins_are_found_through_entry_points():
+    assert {"rmd17"} <= set(tasks.names())
+    assert {"mace"} <= set(models.names())
+    assert {"elora", "full", "readout", "mace-lora"} <= set(methods.names())
+
+
+def test_registry_rejects_duplicates_and_names_the_known():
+    registry = Registry("thing", "workbench.no-such-group")
+
+    @registry.register
+    class First:
+        name = "a"
+
+    with pytest.raises(ValueError, match="registered twice"):
+        @registry.register
+        class Second:
+            name = "a"
+
+    with pytest.raises(UserError, match="unknown thing 'b'; known: a"):
+        registry.get("b")
+
+
+def test_resolve_config_fills_defaults_and_warns():
+    config, warnings = resolve_config("rmd17", baselines=["full", "elora"], train_size=30, device="cpu",
+                                      out="runs/x")
+    assert config.method == "elora" and config.baselines == ("full",)
+    assert config.val_size == 10 and config.epochs == 40 and config.patience == 15
+    assert config.task_options["molecule"] == "ethanol" and config.method_options == {"rank": 16, "alpha": 16.0}
+    assert any("runs once" in w for w in warnings)
+    assert RunConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"epochs": 0}, "--epochs must be at least 1"),
+    ({"train_size": 4, "batch_size": 5}, "--batch-size 5 is larger than --train-size 4"),
+    ({"method_options": {"rank": 4}, "method": "full"}, "method 'full' has no option"),
+    ({"task_options": {"molecule": 3, "colour": 1}}, "task 'rmd17' has no option"),
+    ({"model": "x.model"}, "--trust-checkpoint"),
+])
+def test_resolve_config_refuses(kwargs, message):
+    with pytest.raises(UserError, match=message):
+        resolve_config("rmd17", device="cpu", **kwargs)
+
+
+def test_card_fields_are_checked():
+    card = DataCard("toy", "toy", {"x": {"dtype": "float", "shape": ["n", 3], "checks": ["finite"]},
+                                   "z": {"dtype": "int", "shape": ["n"], "checks": ["positive"]}}, {})
+    sizes = check_fields(card, "toy.npz", {"x": np.zeros((4, 3)), "z": np.ones(4, dtype=int)})
+    assert sizes == {"n": 4}
+    with pytest.raises(UserError, match="toy.npz: field 'z': expected shape"):
+        check_fields(card, "toy.npz", {"x": np.zeros((4, 3)), "z": np.ones(5, dtype=int)})
+    with pytest.raises(UserError, match="toy.npz: field 'z': expected positive values"):
+        check_fields(card, "toy.npz", {"x": np.zeros((4, 3)), "z": np.zeros(4, dtype=int)})
+    assert load_card("rmd17").fields["energies"]["units"] == "kcal/mol"
+
+
+def test_writes_are_atomic_and_damaged_files_named(tmp_path):
+    import torch
+
+    save_tensors(tmp_path / "a.safetensors", {"w": torch.ones(3)})
+    assert torch.equal(load_tensors(tmp_path / "a.safetensors")["w"], torch.ones(3))
+    (tmp_path / "b.safetensors").write_bytes(b"\x00" * 40)
+    with pytest.raises(UserError, match="b.safetensors: not a readable safetensors file"):
+        load_tensors(tmp_path / "b.safetensors")
+    write_text(tmp_path / "c.txt", "hello")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors", "c.txt"]  # no temp left

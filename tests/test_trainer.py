@@ -1,0 +1,91 @@
+"""The trainer on a small regression: it learns, keeps the best weights, stops early, resumes exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from workbench.trainer import Trainer, TrainSettings
+
+
+def regression(n: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=generator, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64) + 0.01 * torch.randn(n, generator=generator, dtype=torch.float64)
+    return [(x[i], y[i]) for i in range(n)]
+
+
+def collate(samples, device):
+    return torch.stack([s[0] for s in samples]).to(device), torch.stack([s[1] for s in samples]).to(device)
+
+
+def mse(model, batch, training):
+    x, y = batch
+    return ((model(x).squeeze(-1) - y) ** 2).mean()
+
+
+def fresh_model():
+    torch.manual_seed(0)
+    return nn.Linear(4, 1).double()
+
+
+SETTINGS = TrainSettings(epochs=12, batch_size=4, learning_rate=0.05, ema_decay=0.9, patience=50)
+
+
+def test_learns_and_keeps_best_weights():
+    model = fresh_model()
+    trainer = Trainer(model, mse, collate, regression(32, 1), regression(8, 2), SETTINGS, progress=False)
+    history = trainer.fit()
+    assert history[-1]["val_loss"] < 0.2 * history[0]["val_loss"]
+    assert trainer.validation_loss() == pytest.approx(min(h["val_loss"] for h in history))
+
+
+def test_early_stopping():
+    settings = TrainSettings(epochs=20, batch_size=4, learning_rate=0.0, patience=3, ema_decay=None)
+    trainer = Trainer(fresh_model(), mse, collate, regression(16, 1), regression(8, 2), settings, progress=False)
+    assert len(trainer.fit()) == 4 and trainer.stopped  # epoch 0 is best; 3 more without improvement
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_resume_after_interruption_gives_identical_weights(tmp_path):
+    train, val = regression(32, 1), regression(8, 2)
+    whole = fresh_model()
+    Trainer(whole, mse, collate, train, val, SETTINGS, progress=False).fit()
+
+    calls = {"n": 0}
+
+    def dies_in_epoch_six(model, batch, training):
+        calls["n"] += training
+        if calls["n"] == 5 * 8 + 3:  # 8 steps per epoch: the 3rd step of epoch 6
+            raise Interrupt
+        return mse(model, batch, training)
+
+    checkpoint = tmp_path / "state.pt"
+    with pytest.raises(Interrupt):
+        Trainer(fresh_model(), dies_in_epoch_six, collate, train, val, SETTINGS, checkpoint, progress=False).fit()
+    resumed = fresh_model()
+    trainer = Trainer(resumed, mse, collate, train, val, SETTINGS, checkpoint, progress=False)
+    history = trainer.fit(resume=True)
+    assert len(history) == SETTINGS.epochs
+    torch.testing.assert_close(resumed.weight, whole.weight, rtol=0, atol=0)
+    torch.testing.assert_close(resumed.bias, whole.bias, rtol=0, atol=0)
+
+
+def test_checkpoint_of_other_settings_is_refused(tmp_path):
+    train, val = regression(16, 1), regression(8, 2)
+    Trainer(fresh_model(), mse, collate, train, val, SETTINGS, tmp_path / "state.pt", progress=False).fit()
+    other = TrainSettings(epochs=12, batch_size=4, learning_rate=0.01)
+    with pytest.raises(ValueError, match="does not match"):
+        Trainer(fresh_model(), mse, collate, train, val, other, tmp_path / "state.pt", progress=False).fit(resume=True)
+
+
+def test_needs_trainable_parameters_and_a_full_batch():
+    frozen = fresh_model().requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        Trainer(frozen, mse, collate, regression(8, 1), regression(4, 2), SETTINGS, progress=False)
+    with pytest.raises(ValueError, match="cannot fill one batch"):
+        Trainer(fresh_model(), mse, collate, regression(2, 1), regression(4, 2), SETTINGS, progress=False)
