@@ -15,6 +15,7 @@ Units: positions Å, energies eV, forces eV/Å.
 from __future__ import annotations
 
 import json
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -162,6 +163,7 @@ def calculator(model: nn.Module, device: str = "cpu"):
     """
     from mace.calculators import MACECalculator
 
+    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # set again by mace.calculators (see workbench/__init__)
     dtype = "float64" if next(model.parameters()).dtype == torch.float64 else "float32"
     return MACECalculator(models=model, device=device, default_dtype=dtype)
 

@@ -78,3 +78,14 @@ def test_writes_are_atomic_and_damaged_files_named(tmp_path):
         load_tensors(tmp_path / "b.safetensors")
     write_text(tmp_path / "c.txt", "hello")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors", "c.txt"]  # no temp left
+
+
+def test_importing_the_atomistic_stack_keeps_torch_load_safe():
+    import os
+
+    import workbench.domains.atomistic.task  # noqa: F401  (imports mace-torch, which sets the variable)
+    from workbench.models.mace import calculator
+    from conftest import small_mace
+
+    calculator(small_mace())
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ

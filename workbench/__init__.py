@@ -5,7 +5,18 @@
     >>> run.metrics["after"]["forces_mae_mev_per_a"]                                    # doctest: +SKIP
 """
 
+import os
+
 import torch
+
+# mace-torch sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 when it is imported, which silently turns every later
+# torch.load without an explicit weights_only into a full unpickle. Import its (tiny) package first and take
+# the setting back, so the process keeps torch's safe default.
+try:
+    import mace  # noqa: F401
+except ImportError:  # mace-torch comes with the atomistic extra
+    pass
+os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
 
 # e3nn 0.4.4 (pinned by mace-torch) loads its Clebsch-Gordan constants with torch.load, which under
 # torch >= 2.6 refuses the `slice` objects they contain; allowing exactly that one type fixes it
