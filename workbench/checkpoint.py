@@ -17,10 +17,13 @@ from workbench.errors import UserError
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename."""
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
+
+    The temporary name ends with ``path``'s suffixes, for writers that choose a format from them.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{''.join(path.suffixes)}")
     os.close(handle)
     try:
         yield Path(temporary)
