@@ -72,16 +72,19 @@ class PathLowRank(nn.Module):
         weight ``(sum_p prod(path_shape_p),)`` -> same.
     """
 
-    def __init__(self, path_shapes: list[tuple[int, ...]], rank: int, alpha: float,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, path_shapes: list[tuple[int, ...]], rank: int, alpha: float, dtype: torch.dtype, device: torch.device
+    ):
         super().__init__()
         self.scale = alpha / rank
         blocks = [(math.prod(shape[:-1]), shape[-1]) for shape in path_shapes]
         ranks = [min(rank, rows, cols) for rows, cols in blocks]
-        self.A = nn.ParameterList([nn.Parameter(torch.randn(rows, r, dtype=dtype, device=device))
-                                   for (rows, _), r in zip(blocks, ranks)])
-        self.B = nn.ParameterList([nn.Parameter(torch.zeros(r, cols, dtype=dtype, device=device))
-                                   for (_, cols), r in zip(blocks, ranks)])
+        self.A = nn.ParameterList(
+            [nn.Parameter(torch.randn(rows, r, dtype=dtype, device=device)) for (rows, _), r in zip(blocks, ranks)]
+        )
+        self.B = nn.ParameterList(
+            [nn.Parameter(torch.zeros(r, cols, dtype=dtype, device=device)) for (_, cols), r in zip(blocks, ranks)]
+        )
 
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
         delta = torch.cat([(a @ b).reshape(-1) for a, b in zip(self.A, self.B)])
@@ -163,8 +166,10 @@ def apply(model: nn.Module, rank: int = 16, alpha: float = 16.0, train_lower_ord
     model.requires_grad_(False)
     targets = list(_targets(model))
     if not targets:
-        raise UserError(f"{type(model).__name__} has no e3nn Linear, tensor-product, radial-MLP or "
-                        "symmetric-contraction weights: ELoRA does not fit this model")
+        raise UserError(
+            f"{type(model).__name__} has no e3nn Linear, tensor-product, radial-MLP or "
+            "symmetric-contraction weights: ELoRA does not fit this model"
+        )
     for module, attribute, kind in targets:
         weight = getattr(module, attribute)
         kwargs = dict(rank=rank, alpha=alpha, dtype=weight.dtype, device=weight.device)

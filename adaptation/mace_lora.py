@@ -20,8 +20,10 @@ class MaceLoRA(Method):
     name = "mace-lora"
     description = "mace-torch's LoRA (o3.Linear, dense and radial layers; rank 4, alpha 1)"
     learning_rate = 5e-3
-    options = (Option("rank", int, 4, "LoRA rank of mace-torch's adapters"),
-               Option("alpha", float, 1.0, "LoRA alpha of mace-torch's adapters"))
+    options = (
+        Option("rank", int, 4, "LoRA rank of mace-torch's adapters"),
+        Option("alpha", float, 1.0, "LoRA alpha of mace-torch's adapters"),
+    )
 
     def prepare(self, model: nn.Module) -> nn.Module:
         return inject_LoRAs(model, rank=self.config["rank"], alpha=self.config["alpha"])

@@ -38,39 +38,78 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for size in args.train_sizes:
             for seed in args.seeds:
-                run = workbench.adapt(domain="rmd17", method="elora", baselines=list(METHODS[1:]), train_size=size,
-                                      seed=seed, epochs=args.epochs, out=f"{scratch}/{size}-{seed}", quiet=True,
-                                      molecule=args.molecule)
+                run = workbench.adapt(
+                    domain="rmd17",
+                    method="elora",
+                    baselines=list(METHODS[1:]),
+                    train_size=size,
+                    seed=seed,
+                    epochs=args.epochs,
+                    out=f"{scratch}/{size}-{seed}",
+                    quiet=True,
+                    molecule=args.molecule,
+                )
                 metrics = run.metrics
                 for method in METHODS:
                     values = metrics["after"] if method == "elora" else metrics["baselines"][method]
-                    records.append({"train_size": size, "seed": seed, "method": method, **values,
-                                    **{k: metrics["costs"][method][k] for k in
-                                       ("trainable_parameters", "seconds_per_epoch", "epochs", "best_epoch")}})
+                    records.append(
+                        {
+                            "train_size": size,
+                            "seed": seed,
+                            "method": method,
+                            **values,
+                            **{
+                                k: metrics["costs"][method][k]
+                                for k in ("trainable_parameters", "seconds_per_epoch", "epochs", "best_epoch")
+                            },
+                        }
+                    )
                 records.append({"train_size": size, "seed": seed, "method": "before", **metrics["before"]})
                 print(f"done: {size} frames, seed {seed}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"molecule": args.molecule, "epochs": args.epochs, "records": records}, indent=1))
+    Path(args.json).write_text(
+        json.dumps({"molecule": args.molecule, "epochs": args.epochs, "records": records}, indent=1)
+    )
     print(table(records))
 
 
 def table(records: list[dict]) -> str:
-    columns = [("energy_mae_mev", "E MAE meV"), ("forces_mae_mev_per_a", "F MAE meV/Å"),
-               ("energy_rmse_mev", "E RMSE meV"), ("forces_rmse_mev_per_a", "F RMSE meV/Å")]
-    lines = [f"{'frames':>6} {'method':10}" + "".join(f"{title:>18}" for _, title in columns)
-             + f"{'trainable':>11}{'s/epoch':>9}{'epochs':>8}"]
+    columns = [
+        ("energy_mae_mev", "E MAE meV"),
+        ("forces_mae_mev_per_a", "F MAE meV/Å"),
+        ("energy_rmse_mev", "E RMSE meV"),
+        ("forces_rmse_mev_per_a", "F RMSE meV/Å"),
+    ]
+    lines = [
+        f"{'frames':>6} {'method':10}"
+        + "".join(f"{title:>18}" for _, title in columns)
+        + f"{'trainable':>11}{'s/epoch':>9}{'epochs':>8}"
+    ]
     for size in sorted({r["train_size"] for r in records}):
         for method in ("before", *METHODS):
             rows = [r for r in records if r["train_size"] == size and r["method"] == method]
-            cells = "".join(f"{np.mean([r[k] for r in rows]):10.2f} ± {np.std([r[k] for r in rows]):5.2f}"
-                            for k, _ in columns)
-            costs = (f"{rows[0]['trainable_parameters']:>11,}{np.mean([r['seconds_per_epoch'] for r in rows]):9.2f}"
-                     f"{np.mean([r['epochs'] for r in rows]):8.1f}") if method != "before" else ""
+            cells = "".join(
+                f"{np.mean([r[k] for r in rows]):10.2f} ± {np.std([r[k] for r in rows]):5.2f}" for k, _ in columns
+            )
+            costs = (
+                (
+                    f"{rows[0]['trainable_parameters']:>11,}{np.mean([r['seconds_per_epoch'] for r in rows]):9.2f}"
+                    f"{np.mean([r['epochs'] for r in rows]):8.1f}"
+                )
+                if method != "before"
+                else ""
+            )
             lines.append(f"{size:>6} {method:10}{cells}{costs}")
-        elora = np.mean([r["forces_mae_mev_per_a"] for r in records if r["train_size"] == size and r["method"] == "elora"])
-        full = np.mean([r["forces_mae_mev_per_a"] for r in records if r["train_size"] == size and r["method"] == "full"])
-        lines.append(f"{'':6} force MAE ELoRA / full = {elora / full:.3f} "
-                     f"({'at or below' if elora <= full else 'above'} full fine-tuning)")
+        elora = np.mean(
+            [r["forces_mae_mev_per_a"] for r in records if r["train_size"] == size and r["method"] == "elora"]
+        )
+        full = np.mean(
+            [r["forces_mae_mev_per_a"] for r in records if r["train_size"] == size and r["method"] == "full"]
+        )
+        lines.append(
+            f"{'':6} force MAE ELoRA / full = {elora / full:.3f} "
+            f"({'at or below' if elora <= full else 'above'} full fine-tuning)"
+        )
     return "\n".join(lines)
 
 

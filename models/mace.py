@@ -35,9 +35,17 @@ SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "mace_xtb_small.saf
 
 #: Architecture of the shipped foundation model: small enough to fine-tune on a laptop CPU.
 FOUNDATION_ARCHITECTURE: dict[str, Any] = {
-    "r_max": 5.0, "num_bessel": 8, "num_polynomial_cutoff": 5, "max_ell": 2, "num_interactions": 2,
-    "hidden_irreps": "64x0e + 64x1o", "MLP_irreps": "16x0e", "correlation": 3, "radial_MLP": [64, 64, 64],
-    "interaction": "RealAgnosticResidualInteractionBlock", "atomic_numbers": [1, 6, 7, 8],
+    "r_max": 5.0,
+    "num_bessel": 8,
+    "num_polynomial_cutoff": 5,
+    "max_ell": 2,
+    "num_interactions": 2,
+    "hidden_irreps": "64x0e + 64x1o",
+    "MLP_irreps": "16x0e",
+    "correlation": 3,
+    "radial_MLP": [64, 64, 64],
+    "interaction": "RealAgnosticResidualInteractionBlock",
+    "atomic_numbers": [1, 6, 7, 8],
 }
 
 #: Keys `build_mace` needs beyond the architecture (they come from the pretraining data).
@@ -68,28 +76,39 @@ def build_mace(hparams: Mapping[str, Any]) -> modules.ScaleShiftMACE:
     interaction = modules.interaction_classes[hparams["interaction"]]
     with default_dtype(torch.float64):
         return modules.ScaleShiftMACE(
-            r_max=hparams["r_max"], num_bessel=hparams["num_bessel"],
-            num_polynomial_cutoff=hparams["num_polynomial_cutoff"], max_ell=hparams["max_ell"],
-            interaction_cls=interaction, interaction_cls_first=interaction,
-            num_interactions=hparams["num_interactions"], num_elements=len(hparams["atomic_numbers"]),
-            hidden_irreps=o3.Irreps(hparams["hidden_irreps"]), MLP_irreps=o3.Irreps(hparams["MLP_irreps"]),
+            r_max=hparams["r_max"],
+            num_bessel=hparams["num_bessel"],
+            num_polynomial_cutoff=hparams["num_polynomial_cutoff"],
+            max_ell=hparams["max_ell"],
+            interaction_cls=interaction,
+            interaction_cls_first=interaction,
+            num_interactions=hparams["num_interactions"],
+            num_elements=len(hparams["atomic_numbers"]),
+            hidden_irreps=o3.Irreps(hparams["hidden_irreps"]),
+            MLP_irreps=o3.Irreps(hparams["MLP_irreps"]),
             atomic_energies=np.asarray(hparams["atomic_energies"], dtype=np.float64),
-            avg_num_neighbors=hparams["avg_num_neighbors"], atomic_numbers=list(hparams["atomic_numbers"]),
-            correlation=hparams["correlation"], gate=torch.nn.functional.silu,
-            radial_MLP=list(hparams["radial_MLP"]), atomic_inter_scale=hparams["atomic_inter_scale"],
-            atomic_inter_shift=hparams["atomic_inter_shift"])
+            avg_num_neighbors=hparams["avg_num_neighbors"],
+            atomic_numbers=list(hparams["atomic_numbers"]),
+            correlation=hparams["correlation"],
+            gate=torch.nn.functional.silu,
+            radial_MLP=list(hparams["radial_MLP"]),
+            atomic_inter_scale=hparams["atomic_inter_scale"],
+            atomic_inter_shift=hparams["atomic_inter_shift"],
+        )
 
 
-def save_mace(model: nn.Module, hparams: Mapping[str, Any], path: str | Path,
-              provenance: Mapping[str, Any] | None = None) -> None:
+def save_mace(
+    model: nn.Module, hparams: Mapping[str, Any], path: str | Path, provenance: Mapping[str, Any] | None = None
+) -> None:
     """Write ``path`` (safetensors state dict) and ``path.json`` (hyper-parameters and provenance)."""
     path = Path(path)
     save_tensors(path, model.state_dict(), metadata={"format": "workbench-mace"})
     write_json(path.with_suffix(".json"), {"hparams": dict(hparams), "provenance": dict(provenance or {})})
 
 
-def load_mace(source: str | Path | None = None, *, trust_checkpoint: bool = False,
-              dtype: torch.dtype = torch.float64) -> nn.Module:
+def load_mace(
+    source: str | Path | None = None, *, trust_checkpoint: bool = False, dtype: torch.dtype = torch.float64
+) -> nn.Module:
     """Load a MACE model: a workbench ``.safetensors`` (+ ``.json``) or, if trusted, a MACE ``.model``.
 
     Args:
@@ -104,8 +123,10 @@ def load_mace(source: str | Path | None = None, *, trust_checkpoint: bool = Fals
         model = _load_safetensors(path)
     elif path.suffix == ".model" or path.suffix == ".pt":
         if not trust_checkpoint:
-            raise UserError(f"{path}: a MACE .model file is a full pickle that can run code when loaded; "
-                            "pass --trust-checkpoint (Python: trust_checkpoint=True) if you trust its origin")
+            raise UserError(
+                f"{path}: a MACE .model file is a full pickle that can run code when loaded; "
+                "pass --trust-checkpoint (Python: trust_checkpoint=True) if you trust its origin"
+            )
         try:
             model = torch.load(path, map_location="cpu", weights_only=False)
         except Exception as error:
@@ -113,7 +134,9 @@ def load_mace(source: str | Path | None = None, *, trust_checkpoint: bool = Fals
         if not isinstance(model, nn.Module) or not hasattr(model, "atomic_numbers"):
             raise UserError(f"{path}: holds a {type(model).__name__}, not a MACE model")
     else:
-        raise UserError(f"{path}: unknown model format '{path.suffix}'; expected .safetensors (+ .json) or a MACE .model")
+        raise UserError(
+            f"{path}: unknown model format '{path.suffix}'; expected .safetensors (+ .json) or a MACE .model"
+        )
     return model.to(dtype).eval()
 
 
@@ -125,17 +148,23 @@ def _load_safetensors(path: Path) -> nn.Module:
     try:
         hparams = json.loads(config_path.read_text())["hparams"]
     except (json.JSONDecodeError, KeyError) as error:
-        raise UserError(f"{config_path}: field 'hparams': expected a JSON object of MACE hyper-parameters ({error})") from None
+        raise UserError(
+            f"{config_path}: field 'hparams': expected a JSON object of MACE hyper-parameters ({error})"
+        ) from None
     model = build_mace(hparams)
     expected = model.state_dict()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise UserError(f"{path}: weights do not fit the hyper-parameters in {config_path.name} "
-                        f"({len(expected) - len(missing)} of {len(expected)} tensors matched; "
-                        f"missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise UserError(
+            f"{path}: weights do not fit the hyper-parameters in {config_path.name} "
+            f"({len(expected) - len(missing)} of {len(expected)} tensors matched; "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     for name, value in state.items():
         if expected[name].shape != value.shape:
-            raise UserError(f"{path}: tensor '{name}': expected shape {tuple(expected[name].shape)}, found {tuple(value.shape)}")
+            raise UserError(
+                f"{path}: tensor '{name}': expected shape {tuple(expected[name].shape)}, found {tuple(value.shape)}"
+            )
     model.load_state_dict(state)
     return model
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from workbench.models.mace import FOUNDATION_ARCHITECTURE, build_mace
 
 import workbench  # noqa: F401  (sets torch's safe globals before e3nn is imported)
-from workbench.models.mace import FOUNDATION_ARCHITECTURE, build_mace
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED_RMD17 = ROOT / "domains" / "atomistic" / "embedded" / "rmd17"
@@ -18,9 +18,14 @@ EMBEDDED_RMD17 = ROOT / "domains" / "atomistic" / "embedded" / "rmd17"
 def small_mace(seed: int = 0, channels: int = 16):
     """A random MACE of the foundation's architecture with fewer channels (fast tests)."""
     torch.manual_seed(seed)
-    hparams = dict(FOUNDATION_ARCHITECTURE, hidden_irreps=f"{channels}x0e + {channels}x1o",
-                   atomic_energies=[-13.6, -1029.0, -1485.0, -2042.0], avg_num_neighbors=8.0,
-                   atomic_inter_scale=1.0, atomic_inter_shift=0.0)
+    hparams = dict(
+        FOUNDATION_ARCHITECTURE,
+        hidden_irreps=f"{channels}x0e + {channels}x1o",
+        atomic_energies=[-13.6, -1029.0, -1485.0, -2042.0],
+        avg_num_neighbors=8.0,
+        atomic_inter_scale=1.0,
+        atomic_inter_shift=0.0,
+    )
     return build_mace(hparams)
 
 
@@ -41,8 +46,11 @@ def energy_forces(model, atomic_numbers):
     from workbench.domains.atomistic.frames import Frame, collate, to_graphs
 
     def compute(positions: torch.Tensor):
-        graphs = to_graphs([Frame(np.asarray(atomic_numbers), positions.detach().numpy())],
-                           [int(z) for z in model.atomic_numbers], float(model.r_max))
+        graphs = to_graphs(
+            [Frame(np.asarray(atomic_numbers), positions.detach().numpy())],
+            [int(z) for z in model.atomic_numbers],
+            float(model.r_max),
+        )
         out = model(collate(graphs).to_dict(), training=False, compute_force=True)
         return out["energy"][0].detach(), out["forces"].detach()
 
@@ -51,6 +59,7 @@ def energy_forces(model, atomic_numbers):
 
 def outputs_on(atomic_numbers, positions):
     """``model -> {"energy", "forces"}`` on a few frames (the ``outputs`` of workbench.testing checks)."""
+
     def outputs(model):
         energies, forces = zip(*(energy_forces(model, atomic_numbers)(torch.as_tensor(p)) for p in positions))
         return {"energy": torch.stack(energies), "forces": torch.stack(forces)}
@@ -68,12 +77,13 @@ def randomize_trainable(model, scale: float = 0.1, seed: int = 1):
     return model
 
 
-def write_rmd17_layout(root: Path, molecule: str = "ethanol", n_frames: int = 60, n_train: int = 40,
-                       **replace) -> Path:
+def write_rmd17_layout(root: Path, molecule: str = "ethanol", n_frames: int = 60, n_train: int = 40, **replace) -> Path:
     """A small rMD17-layout folder cut from the embedded DFT frames; ``replace`` swaps npz fields."""
     with np.load(EMBEDDED_RMD17 / "npz_data" / "rmd17_ethanol.npz") as data:
-        arrays = {key: data[key][:n_frames] if data[key].ndim and key != "nuclear_charges" else data[key]
-                  for key in data.files}
+        arrays = {
+            key: data[key][:n_frames] if data[key].ndim and key != "nuclear_charges" else data[key]
+            for key in data.files
+        }
     arrays.update(replace)
     arrays = {k: v for k, v in arrays.items() if v is not None}
     (root / "npz_data").mkdir(parents=True, exist_ok=True)

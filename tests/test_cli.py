@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import write_rmd17_layout
 
 SMALL = ["--epochs", "3", "--train-size", "10", "--val-size", "5", "--quiet"]
@@ -37,19 +36,31 @@ def test_help_and_list():
 @pytest.mark.slow
 def test_adapt_evaluate_and_report(tiny_rmd17, tmp_path):
     out = tmp_path / "run"
-    result = workbench("adapt", "--domain", "rmd17", "--data", str(tiny_rmd17), "--out", str(out), *SMALL)
+    workbench("adapt", "--domain", "rmd17", "--data", str(tiny_rmd17), "--out", str(out), *SMALL)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["task"] == "rmd17" and metrics["method"] == "elora" and metrics["seed"] == 0
     assert set(metrics["baselines"]) == {"full", "readout", "mace-lora"}
-    names = {"energy_mae_mev", "energy_rmse_mev", "energy_mae_mev_per_atom", "forces_mae_mev_per_a",
-             "forces_rmse_mev_per_a"}
+    names = {
+        "energy_mae_mev",
+        "energy_rmse_mev",
+        "energy_mae_mev_per_atom",
+        "forces_mae_mev_per_a",
+        "forces_rmse_mev_per_a",
+    }
     for block in (metrics["before"], metrics["after"], *metrics["baselines"].values()):
         assert set(block) == names and all(np.isfinite(v) and v > 0 for v in block.values())
     assert 0 < metrics["trainable_parameters"] < metrics["total_parameters"]
     assert metrics["train_seconds"] > 0 and metrics["peak_memory_bytes"] > 0
     assert metrics["samples"] == {"train": 10, "val": 5, "test": 20}
-    for name in ("config.yaml", "adapter.safetensors", "adapter.json", "report.md", "parity.png",
-                 "learning_curves.png", "log.txt"):
+    for name in (
+        "config.yaml",
+        "adapter.safetensors",
+        "adapter.json",
+        "report.md",
+        "parity.png",
+        "learning_curves.png",
+        "log.txt",
+    ):
         assert (out / name).is_file(), name
     assert not (out / "checkpoints").exists()
     assert "![" in (out / "report.md").read_text()
@@ -72,12 +83,30 @@ def _checkpoint_epoch(path: Path) -> int:
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_numbers(tiny_rmd17, tmp_path):
-    args = ["adapt", "--domain", "rmd17", "--data", str(tiny_rmd17), "--baselines", "readout",
-            "--epochs", "8", "--train-size", "10", "--val-size", "5", "--quiet"]
+    args = [
+        "adapt",
+        "--domain",
+        "rmd17",
+        "--data",
+        str(tiny_rmd17),
+        "--baselines",
+        "readout",
+        "--epochs",
+        "8",
+        "--train-size",
+        "10",
+        "--val-size",
+        "5",
+        "--quiet",
+    ]
     workbench(*args, "--out", str(tmp_path / "whole"))
     interrupted = tmp_path / "interrupted"
-    process = subprocess.Popen([sys.executable, "-m", "workbench", *args, "--out", str(interrupted)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "workbench", *args, "--out", str(interrupted)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ENV,
+    )
     checkpoint = interrupted / "checkpoints" / "elora.pt"
     deadline = time.time() + 300
     while _checkpoint_epoch(checkpoint) < 2 and time.time() < deadline and process.poll() is None:
@@ -97,9 +126,28 @@ def test_killed_run_resumes_to_the_same_numbers(tiny_rmd17, tmp_path):
 def test_torchrun_two_processes(tiny_rmd17, tmp_path):
     out = tmp_path / "ddp"
     torchrun = Path(sys.executable).with_name("torchrun")
-    result = subprocess.run([str(torchrun), "--nproc_per_node", "2", "-m", "workbench", "adapt", "--domain", "rmd17",
-                             "--data", str(tiny_rmd17), "--baselines", "", "--out", str(out), *SMALL],
-                            capture_output=True, text=True, env=ENV)
+    result = subprocess.run(
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "workbench",
+            "adapt",
+            "--domain",
+            "rmd17",
+            "--data",
+            str(tiny_rmd17),
+            "--baselines",
+            "",
+            "--out",
+            str(out),
+            *SMALL,
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["processes"] == 2
@@ -132,12 +180,18 @@ def _corrupt_checkpoint(tmp_path: Path) -> list[str]:
 
 BAD_INPUTS = {
     "npz without forces": (lambda p: ["--data", str(_bad_npz(p, forces=None))], "rmd17_ethanol.npz: field 'forces'"),
-    "NaN energies": (lambda p: ["--data", str(_bad_npz(p, energies=np.full(60, np.nan)))],
-                     "rmd17_ethanol.npz: field 'energies': expected finite numbers"),
-    "extxyz without energies": (lambda p: ["--data", str(_extxyz_without_energy(p))],
-                                "no_energy.xyz: field 'REF_energy'"),
-    "unknown element": (lambda p: ["--data", str(_bad_npz(p, nuclear_charges=np.array([16, 6, 8, 1, 1, 1, 1, 1, 1])))],
-                        "field 'atomic numbers': the model knows elements [1, 6, 7, 8], found [16]"),
+    "NaN energies": (
+        lambda p: ["--data", str(_bad_npz(p, energies=np.full(60, np.nan)))],
+        "rmd17_ethanol.npz: field 'energies': expected finite numbers",
+    ),
+    "extxyz without energies": (
+        lambda p: ["--data", str(_extxyz_without_energy(p))],
+        "no_energy.xyz: field 'REF_energy'",
+    ),
+    "unknown element": (
+        lambda p: ["--data", str(_bad_npz(p, nuclear_charges=np.array([16, 6, 8, 1, 1, 1, 1, 1, 1])))],
+        "field 'atomic numbers': the model knows elements [1, 6, 7, 8], found [16]",
+    ),
     "corrupt checkpoint": (_corrupt_checkpoint, "corrupt.safetensors: not a readable safetensors file"),
     "pickle without trust": (lambda p: ["--model", str(p / "x.model")], "--trust-checkpoint"),
 }
@@ -155,8 +209,10 @@ def test_bad_input(case, tmp_path):
 
 
 def test_unknown_names_and_options():
-    for args, message in ((["--domain", "nope"], "unknown task 'nope'"),
-                          (["--domain", "rmd17", "--method", "nope"], "unknown method 'nope'"),
-                          (["--domain", "rmd17", "--method", "full", "--rank", "4"], "--rank is not an option of method 'full'")):
+    for args, message in (
+        (["--domain", "nope"], "unknown task 'nope'"),
+        (["--domain", "rmd17", "--method", "nope"], "unknown method 'nope'"),
+        (["--domain", "rmd17", "--method", "full", "--rank", "4"], "--rank is not an option of method 'full'"),
+    ):
         result = workbench("adapt", *args, check=False)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

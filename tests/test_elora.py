@@ -6,15 +6,20 @@ import copy
 
 import pytest
 import torch
+from conftest import energy_forces, outputs_on, randomize_trainable, small_mace
 from e3nn import o3
 from torch.nn.utils import parametrize
-
-from conftest import energy_forces, outputs_on, randomize_trainable, small_mace
 from workbench.adaptation import elora
 from workbench.domains.atomistic.frames import Frame, collate, to_graphs
+
 from workbench.errors import UserError
-from workbench.testing import (assert_identity_at_init, assert_merge_equivalent, assert_only_trainable_change,
-                               assert_rotation_equivariant, rotation_equivariance_error)
+from workbench.testing import (
+    assert_identity_at_init,
+    assert_merge_equivalent,
+    assert_only_trainable_change,
+    assert_rotation_equivariant,
+    rotation_equivariance_error,
+)
 
 
 class FeatureSpaceLowRank(torch.nn.Module):
@@ -44,7 +49,7 @@ def test_equivariant_with_random_adapters_and_after_merge(mace_model, ethanol, f
     energy, _ = energy_forces(model, z)(positions)
     assert abs(float(energy - base_energy)) > 1e-3, "the adapters must really change the model for this test"
     assert_rotation_equivariant(energy_forces(model, z), positions, tol=1e-9)
-    merged = assert_merge_equivalent(model, elora.ELoRA(), outputs_on(z, coords[frame:frame + 1]), tol=1e-12)
+    merged = assert_merge_equivalent(model, elora.ELoRA(), outputs_on(z, coords[frame : frame + 1]), tol=1e-12)
     assert not any(parametrize.is_parametrized(m) for m in merged.modules())
     assert_rotation_equivariant(energy_forces(merged, z), positions, tol=1e-9)
 
@@ -68,12 +73,12 @@ def test_per_path_layout_matches_e3nn(mace_model):
             continue
         adapter = module.parametrizations.weight[0]
         base = module.parametrizations.weight.original
-        weighted = [i for i, ins in enumerate(module.instructions)
-                    if isinstance(module, o3.Linear) or ins.has_weight]
+        weighted = [i for i, ins in enumerate(module.instructions) if isinstance(module, o3.Linear) or ins.has_weight]
         for path, index in enumerate(weighted):
             block_shape = module.weight_view_for_instruction(index).shape
-            expected = module.weight_view_for_instruction(index, base) + \
-                (6.0 / 3) * (adapter.A[path] @ adapter.B[path]).reshape(block_shape)
+            expected = module.weight_view_for_instruction(index, base) + (6.0 / 3) * (
+                adapter.A[path] @ adapter.B[path]
+            ).reshape(block_shape)
             torch.testing.assert_close(module.weight_view_for_instruction(index), expected, rtol=0, atol=1e-13)
             checked += 1
     assert checked > 10

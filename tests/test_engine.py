@@ -26,6 +26,7 @@ def test_registry_rejects_duplicates_and_names_the_known():
         name = "a"
 
     with pytest.raises(ValueError, match="registered twice"):
+
         @registry.register
         class Second:
             name = "a"
@@ -35,8 +36,7 @@ def test_registry_rejects_duplicates_and_names_the_known():
 
 
 def test_resolve_config_fills_defaults_and_warns():
-    config, warnings = resolve_config("rmd17", baselines=["full", "elora"], train_size=30, device="cpu",
-                                      out="runs/x")
+    config, warnings = resolve_config("rmd17", baselines=["full", "elora"], train_size=30, device="cpu", out="runs/x")
     assert config.method == "elora" and config.baselines == ("full",)
     assert config.val_size == 10 and config.epochs == 40 and config.patience == 15
     assert config.task_options["molecule"] == "ethanol" and config.method_options == {"rank": 16, "alpha": 16.0}
@@ -44,21 +44,31 @@ def test_resolve_config_fills_defaults_and_warns():
     assert RunConfig.from_dict(config.to_dict()) == config
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"epochs": 0}, "--epochs must be at least 1"),
-    ({"train_size": 4, "batch_size": 5}, "--batch-size 5 is larger than --train-size 4"),
-    ({"method_options": {"rank": 4}, "method": "full"}, "method 'full' has no option"),
-    ({"task_options": {"molecule": 3, "colour": 1}}, "task 'rmd17' has no option"),
-    ({"model": "x.model"}, "--trust-checkpoint"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"epochs": 0}, "--epochs must be at least 1"),
+        ({"train_size": 4, "batch_size": 5}, "--batch-size 5 is larger than --train-size 4"),
+        ({"method_options": {"rank": 4}, "method": "full"}, "method 'full' has no option"),
+        ({"task_options": {"molecule": 3, "colour": 1}}, "task 'rmd17' has no option"),
+        ({"model": "x.model"}, "--trust-checkpoint"),
+    ],
+)
 def test_resolve_config_refuses(kwargs, message):
     with pytest.raises(UserError, match=message):
         resolve_config("rmd17", device="cpu", **kwargs)
 
 
 def test_card_fields_are_checked():
-    card = DataCard("toy", "toy", {"x": {"dtype": "float", "shape": ["n", 3], "checks": ["finite"]},
-                                   "z": {"dtype": "int", "shape": ["n"], "checks": ["positive"]}}, {})
+    card = DataCard(
+        "toy",
+        "toy",
+        {
+            "x": {"dtype": "float", "shape": ["n", 3], "checks": ["finite"]},
+            "z": {"dtype": "int", "shape": ["n"], "checks": ["positive"]},
+        },
+        {},
+    )
     sizes = check_fields(card, "toy.npz", {"x": np.zeros((4, 3)), "z": np.ones(4, dtype=int)})
     assert sizes == {"n": 4}
     with pytest.raises(UserError, match="toy.npz: field 'z': expected shape"):
@@ -84,8 +94,8 @@ def test_importing_the_atomistic_stack_keeps_torch_load_safe():
     import os
 
     import workbench.domains.atomistic.task  # noqa: F401  (imports mace-torch, which sets the variable)
-    from workbench.models.mace import calculator
     from conftest import small_mace
+    from workbench.models.mace import calculator
 
     calculator(small_mace())
     assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ

@@ -9,7 +9,6 @@ import pytest
 from ase import Atoms
 from ase.build import molecule
 from threadpoolctl import threadpool_limits
-
 from workbench.domains.atomistic import generate
 from workbench.domains.atomistic.units import EV_PER_KCAL_PER_MOL
 
@@ -155,8 +154,14 @@ def test_generate_rmd17_at_xtb_level(tmp_path):
 
 def test_foundation_corpus_reads_back_with_isolated_atoms(tmp_path):
     path = generate.generate_foundation_corpus(
-        tmp_path / "corpus.extxyz", ["H2O"], frames_per_molecule=2, temperatures_k=(300.0, 500.0),
-        equilibration_fs=5.0, interval_fs=5.0, progress=False)
+        tmp_path / "corpus.extxyz",
+        ["H2O"],
+        frames_per_molecule=2,
+        temperatures_k=(300.0, 500.0),
+        equilibration_fs=5.0,
+        interval_fs=5.0,
+        progress=False,
+    )
     frames = ase.io.read(path, ":")
     md = [frame for frame in frames if frame.info["config_type"] == "g2_xtb_md"]
     atoms = {frame.get_chemical_formula(): frame for frame in frames if frame.info["config_type"] == "IsolatedAtom"}

@@ -7,10 +7,10 @@ import copy
 
 import pytest
 import torch
-
 from conftest import outputs_on, randomize_trainable, small_mace
-from workbench.checkpoint import load_tensors, save_tensors
 from workbench.domains.atomistic.frames import Frame, collate, to_graphs
+
+from workbench.checkpoint import load_tensors, save_tensors
 from workbench.registry import methods
 from workbench.testing import assert_identity_at_init, assert_merge_equivalent, assert_only_trainable_change
 

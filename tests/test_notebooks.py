@@ -23,8 +23,11 @@ def test_notebook_runs(name, tmp_path):
     settings = notebook.cells[1]
     for key, value in SMALL_SETTINGS[name].items():
         assert f"{key} = " in settings.source, key
-        settings.source = "\n".join(f"{key} = {value}" if line.startswith(f"{key} = ") else line
-                                    for line in settings.source.splitlines())
-    NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+        settings.source = "\n".join(
+            f"{key} = {value}" if line.startswith(f"{key} = ") else line for line in settings.source.splitlines()
+        )
+    NotebookClient(
+        notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     outputs = "".join(out.get("text", "") for cell in notebook.cells for out in cell.get("outputs", []))
     assert "total-energy drift" in outputs

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from ase import Atoms
 from ase.calculators.singlepoint import SinglePointCalculator
-
 from conftest import small_mace, write_rmd17_layout
 from workbench.domains.atomistic.readers import read_extxyz, read_extxyz_set, read_rmd17
 from workbench.domains.atomistic.task import Rmd17
 from workbench.domains.atomistic.units import EV_PER_KCAL_PER_MOL
+
 from workbench.errors import UserError
 
 
@@ -65,12 +65,15 @@ def test_bad_splits(tiny_rmd17):
         read_rmd17(tiny_rmd17, "ethanol")
 
 
-@pytest.mark.parametrize("replace, field, expected", [
-    ({"forces": None}, "forces", "a field 'forces'"),
-    ({"energies": np.full(60, np.nan)}, "energies", "finite numbers"),
-    ({"coords": np.zeros((60, 8, 3))}, "coords", "n_atoms = 9"),
-    ({"energies": np.arange(60)}, "energies", "dtype float"),
-])
+@pytest.mark.parametrize(
+    "replace, field, expected",
+    [
+        ({"forces": None}, "forces", "a field 'forces'"),
+        ({"energies": np.full(60, np.nan)}, "energies", "finite numbers"),
+        ({"coords": np.zeros((60, 8, 3))}, "coords", "n_atoms = 9"),
+        ({"energies": np.arange(60)}, "energies", "dtype float"),
+    ],
+)
 def test_bad_npz_fields(tmp_path, replace, field, expected):
     root = write_rmd17_layout(tmp_path / "bad", **replace)
     with pytest.raises(UserError, match=rf"rmd17_ethanol.npz: field '{field}': expected .*{expected}"):

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import outputs_on, randomize_trainable, small_mace
 from torch import nn
 from torch.nn.utils import parametrize
-
-from conftest import outputs_on, randomize_trainable, small_mace
 from workbench.adaptation import elora
+
 from workbench.method import Method
-from workbench.testing import (assert_identity_at_init, assert_merge_equivalent, assert_only_trainable_change,
-                               assert_rotation_equivariant, random_rotation)
+from workbench.testing import (
+    assert_identity_at_init,
+    assert_merge_equivalent,
+    assert_only_trainable_change,
+    assert_rotation_equivariant,
+    random_rotation,
+)
 
 
 class PerturbsBase(Method):
@@ -76,7 +81,7 @@ def test_equivariance_check_catches_a_non_equivariant_function():
         assert_rotation_equivariant(pinned_to_x_axis, positions)
 
     def central(positions):  # a true invariant with equivariant forces
-        return -(positions ** 2).sum(), 2 * positions
+        return -(positions**2).sum(), 2 * positions
 
     assert_rotation_equivariant(central, positions, tol=1e-12)
 

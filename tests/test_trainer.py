@@ -12,7 +12,9 @@ from workbench.trainer import Trainer, TrainSettings
 def regression(n: int, seed: int):
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 4, generator=generator, dtype=torch.float64)
-    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64) + 0.01 * torch.randn(n, generator=generator, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64) + 0.01 * torch.randn(
+        n, generator=generator, dtype=torch.float64
+    )
     return [(x[i], y[i]) for i in range(n)]
 
 

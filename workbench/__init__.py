@@ -1,8 +1,8 @@
 """Scientific domain-adaptation workbench: adapt a pretrained model to your data, honestly measured.
 
-    >>> import workbench
-    >>> run = workbench.adapt(domain="rmd17", method="elora", epochs=2, train_size=20)  # doctest: +SKIP
-    >>> run.metrics["after"]["forces_mae_mev_per_a"]                                    # doctest: +SKIP
+>>> import workbench
+>>> run = workbench.adapt(domain="rmd17", method="elora", epochs=2, train_size=20)  # doctest: +SKIP
+>>> run.metrics["after"]["forces_mae_mev_per_a"]                                    # doctest: +SKIP
 """
 
 import os

@@ -23,7 +23,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{''.join(path.suffixes)}")
+    handle, temporary = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{''.join(path.suffixes)}"
+    )
     os.close(handle)
     try:
         yield Path(temporary)
@@ -49,11 +51,16 @@ def write_json(path: str | Path, content: Any) -> None:
     write_text(path, json.dumps(content, indent=2, sort_keys=False) + "\n")
 
 
-def save_tensors(path: str | Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> None:
+def save_tensors(
+    path: str | Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> None:
     """Write tensors as safetensors, atomically."""
     with atomic_path(path) as temporary:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(temporary),
-                  metadata=dict(metadata or {}))
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+            str(temporary),
+            metadata=dict(metadata or {}),
+        )
 
 
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -64,8 +71,9 @@ def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except Exception as error:  # safetensors raises several kinds for a damaged header or body
-        raise UserError(f"{path}: not a readable safetensors file ({error}); "
-                        "the file is damaged or of another format") from None
+        raise UserError(
+            f"{path}: not a readable safetensors file ({error}); the file is damaged or of another format"
+        ) from None
 
 
 def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> None:
@@ -79,4 +87,6 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise UserError(f"{path}: damaged training checkpoint ({error}); delete it to start that method afresh") from None
+        raise UserError(
+            f"{path}: damaged training checkpoint ({error}); delete it to start that method afresh"
+        ) from None

@@ -43,15 +43,23 @@ def _add_plugin_options(parser: argparse.ArgumentParser, kind: str) -> None:
     group = parser.add_argument_group(f"{kind} options (each applies to the {kind}s named)")
     for name, (option, owners) in sorted(_plugin_options(kind).items()):
         default = f"default {option.default}" if len(owners) == 1 else "default: the plug-in's own"
-        group.add_argument(option.flag, dest=f"{kind}_opt_{name}", type=option.type, default=None,
-                           choices=option.choices, help=f"[{', '.join(owners)}] {option.help} ({default})")
+        group.add_argument(
+            option.flag,
+            dest=f"{kind}_opt_{name}",
+            type=option.type,
+            default=None,
+            choices=option.choices,
+            help=f"[{', '.join(owners)}] {option.help} ({default})",
+        )
 
 
 def _given_options(args: argparse.Namespace, kind: str, owner: str, declared: Sequence[Any]) -> dict[str, Any]:
     from workbench.errors import UserError
 
     prefix = f"{kind}_opt_"
-    given = {key[len(prefix):]: value for key, value in vars(args).items() if key.startswith(prefix) and value is not None}
+    given = {
+        key[len(prefix) :]: value for key, value in vars(args).items() if key.startswith(prefix) and value is not None
+    }
     known = {option.name for option in declared}
     stray = sorted(set(given) - known)
     if stray:
@@ -60,14 +68,22 @@ def _given_options(args: argparse.Namespace, kind: str, owner: str, declared: Se
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="workbench", description="Adapt pretrained scientific models to your data.",
-                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="workbench",
+        description="Adapt pretrained scientific models to your data.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     commands.add_parser("list", help="registered tasks, models and methods, with their data cards")
 
-    adapt = commands.add_parser("adapt", help="adapt a pretrained model (chosen method + baselines)", epilog=EXAMPLES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    adapt = commands.add_parser(
+        "adapt",
+        help="adapt a pretrained model (chosen method + baselines)",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     adapt.add_argument("--domain", required=True, help="task name (see `workbench list`), e.g. rmd17")
     adapt.add_argument("--method", help="adaptation method (default: the task's, elora for rmd17)")
     adapt.add_argument("--baselines", help="comma-separated methods run beside it (default: the task's); '' for none")
@@ -79,9 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--train-size", type=int, help="training samples drawn from the training split")
     adapt.add_argument("--val-size", type=int, help="validation samples (default: max(10, train-size / 5))")
     adapt.add_argument("--batch-size", type=int, help="samples per step (per process under torchrun)")
-    adapt.add_argument("--patience", type=int, help="epochs without validation improvement before stopping (default 15)")
+    adapt.add_argument(
+        "--patience", type=int, help="epochs without validation improvement before stopping (default 15)"
+    )
+    adapt.add_argument(
+        "--ema-decay",
+        type=float,
+        default=0.99,
+        help="moving average of the trained weights, used for validation and the result (0: off)",
+    )
     adapt.add_argument("--lr", type=float, help="learning rate (default: each method's own)")
-    adapt.add_argument("--seed", type=int, default=0, help="seeds data selection, initialisation and shuffling (default 0)")
+    adapt.add_argument(
+        "--seed", type=int, default=0, help="seeds data selection, initialisation and shuffling (default 0)"
+    )
     adapt.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default auto")
     adapt.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     adapt.add_argument("--quiet", action="store_true", help="no progress bars or table")
@@ -95,8 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = commands.add_parser("data", help="inspect, check or generate a task's data")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    for action, text in (("info", "describe the data (default: the embedded data)"),
-                         ("check", "check a dataset against the task's data card")):
+    for action, text in (
+        ("info", "describe the data (default: the embedded data)"),
+        ("check", "check a dataset against the task's data card"),
+    ):
         sub = data_commands.add_parser(action, help=text)
         sub.add_argument("task")
         sub.add_argument("--data", required=action == "check")
@@ -104,8 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     generate = data_commands.add_parser("generate", help="generate data with real simulators (xTB, DFT)")
     generate.add_argument("task")
     generate.add_argument("--out", required=True, help="output folder")
-    generate.add_argument("--molecules", default="ethanol", help="comma-separated molecules (default ethanol)")
+    generate.add_argument("--molecules", help="comma-separated molecules (default: ethanol; for --corpus the G2 set)")
     generate.add_argument("--frames", type=int, default=20, help="frames per molecule (default 20)")
+    generate.add_argument(
+        "--corpus",
+        action="store_true",
+        help="write the GFN2-xTB pretraining corpus (one extxyz file) instead of target data",
+    )
     generate.add_argument("--level", default="dft", choices=["dft", "xtb"], help="labels: PBE/def2-SVP or GFN2-xTB")
     generate.add_argument("--temperature", type=float, default=500.0, help="MD temperature [K] (default 500)")
     generate.add_argument("--seed", type=int, default=2026)
@@ -150,22 +183,45 @@ def run(argv: Sequence[str] | None = None) -> int:
         method_name = args.method or task_cls.default_method
         baselines = None if args.baselines is None else [b for b in args.baselines.split(",") if b]
         workbench.adapt(
-            args.domain, args.method, data=args.data, model=args.model, out=args.out, epochs=args.epochs,
-            train_size=args.train_size, val_size=args.val_size, batch_size=args.batch_size, patience=args.patience,
+            args.domain,
+            args.method,
+            data=args.data,
+            model=args.model,
+            out=args.out,
+            epochs=args.epochs,
+            train_size=args.train_size,
+            val_size=args.val_size,
+            batch_size=args.batch_size,
+            patience=args.patience,
+            ema_decay=args.ema_decay,
             learning_rate=args.lr,
-            seed=args.seed, device=args.device, resume=args.resume, quiet=args.quiet,
-            trust_checkpoint=args.trust_checkpoint, baselines=baselines,
+            seed=args.seed,
+            device=args.device,
+            resume=args.resume,
+            quiet=args.quiet,
+            trust_checkpoint=args.trust_checkpoint,
+            baselines=baselines,
             method_options=_given_options(args, "method", method_name, methods.get(method_name).options),
-            **_given_options(args, "task", args.domain, task_cls.options))
+            **_given_options(args, "task", args.domain, task_cls.options),
+        )
     elif args.command == "evaluate":
         metrics = workbench.evaluate(args.run, data=args.data, device=args.device)
         print("\n".join(f"{name:28}{value:12.3f}" for name, value in metrics.items()))
     elif args.command == "data":
         task_cls = tasks.get(args.task)
         if args.data_command == "generate":
-            task = task_cls()
-            print(task.generate(Path(args.out), molecules=args.molecules.split(","), n_frames=args.frames,
-                                level=args.level, temperature_k=args.temperature, seed=args.seed))
+            molecules = args.molecules.split(",") if args.molecules else None
+            print(
+                task_cls().generate(
+                    Path(args.out),
+                    molecules=molecules,
+                    n_frames=args.frames,
+                    level=args.level,
+                    temperature_k=args.temperature,
+                    seed=args.seed,
+                    corpus=args.corpus,
+                )
+            )
         else:
             task = task_cls(**_given_options(args, "task", args.task, task_cls.options))
             print(task.info(args.data))
@@ -189,8 +245,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"workbench: error: {error}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
-        print("workbench: interrupted; continue with the same command plus --resume (and the same --out)",
-              file=sys.stderr)
+        print(
+            "workbench: interrupted; continue with the same command plus --resume (and the same --out)", file=sys.stderr
+        )
         code = 130
     sys.exit(code)
 

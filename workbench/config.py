@@ -36,6 +36,8 @@ class RunConfig:
     batch_size: int
     #: Epochs without a better validation loss before a method's training stops.
     patience: int
+    #: Decay of the moving average of the trained weights (0: no averaging).
+    ema_decay: float
     #: None: each method's own default learning rate.
     learning_rate: float | None
     seed: int
@@ -53,13 +55,27 @@ class RunConfig:
         return cls(**{**content, "baselines": tuple(content["baselines"])})
 
 
-def resolve_config(domain: str, method: str | None = None, baselines: list[str] | tuple[str, ...] | None = None,
-                   data: str | None = None, model: str | None = None, trust_checkpoint: bool = False,
-                   out: str | None = None, epochs: int | None = None, train_size: int | None = None,
-                   val_size: int | None = None, batch_size: int | None = None, patience: int | None = None,
-                   learning_rate: float | None = None, seed: int = 0, device: str = "auto", task_options: dict[str, Any] | None = None,
-                   method_options: dict[str, Any] | None = None, now: datetime | None = None
-                   ) -> tuple[RunConfig, list[str]]:
+def resolve_config(
+    domain: str,
+    method: str | None = None,
+    baselines: list[str] | tuple[str, ...] | None = None,
+    data: str | None = None,
+    model: str | None = None,
+    trust_checkpoint: bool = False,
+    out: str | None = None,
+    epochs: int | None = None,
+    train_size: int | None = None,
+    val_size: int | None = None,
+    batch_size: int | None = None,
+    patience: int | None = None,
+    ema_decay: float = 0.99,
+    learning_rate: float | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    task_options: dict[str, Any] | None = None,
+    method_options: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> tuple[RunConfig, list[str]]:
     """Fill the task's defaults into the user's choices; returns the frozen config and warnings."""
     task_cls = tasks.get(domain)
     method = method or task_cls.default_method
@@ -77,12 +93,19 @@ def resolve_config(domain: str, method: str | None = None, baselines: list[str] 
     val_size = max(10, train_size // 5) if val_size is None else val_size
     batch_size = defaults.get("batch_size", 8) if batch_size is None else batch_size
     patience = defaults.get("patience", 15) if patience is None else patience
-    for flag, value, low in (("--epochs", epochs, 1), ("--train-size", train_size, 1), ("--val-size", val_size, 1),
-                             ("--batch-size", batch_size, 1), ("--patience", patience, 1)):
+    for flag, value, low in (
+        ("--epochs", epochs, 1),
+        ("--train-size", train_size, 1),
+        ("--val-size", val_size, 1),
+        ("--batch-size", batch_size, 1),
+        ("--patience", patience, 1),
+    ):
         if value < low:
             raise UserError(f"{flag} must be at least {low}, got {value}")
     if batch_size > train_size:
         raise UserError(f"--batch-size {batch_size} is larger than --train-size {train_size}")
+    if not 0 <= ema_decay < 1:
+        raise UserError(f"--ema-decay must be in [0, 1) (0 turns averaging off), got {ema_decay}")
     if learning_rate is not None and learning_rate <= 0:
         raise UserError(f"--lr must be positive, got {learning_rate}")
     if device == "auto":
@@ -92,15 +115,32 @@ def resolve_config(domain: str, method: str | None = None, baselines: list[str] 
     elif device not in ("cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
     if model is not None and str(model).endswith(".model") and not trust_checkpoint:
-        raise UserError(f"{model}: a MACE .model file is a full pickle that can run code when loaded; "
-                        "pass --trust-checkpoint if you trust its origin")
+        raise UserError(
+            f"{model}: a MACE .model file is a full pickle that can run code when loaded; "
+            "pass --trust-checkpoint if you trust its origin"
+        )
     task_options = resolve_options(f"task '{domain}'", task_cls.options, dict(task_options or {}))
     method_options = resolve_options(f"method '{method}'", method_cls.options, dict(method_options or {}))
     if out is None:
         out = f"runs/{domain}-{method}-{(now or datetime.now()).strftime('%Y%m%d-%H%M%S')}"
-    config = RunConfig(task=domain, method=method, baselines=chosen_baselines, data=None if data is None else str(data),
-                       model=None if model is None else str(model), trust_checkpoint=trust_checkpoint, out=str(out),
-                       epochs=epochs, train_size=train_size, val_size=val_size, batch_size=batch_size,
-                       patience=patience, learning_rate=learning_rate, seed=seed, device=device, task_options=task_options,
-                       method_options=method_options)
+    config = RunConfig(
+        task=domain,
+        method=method,
+        baselines=chosen_baselines,
+        data=None if data is None else str(data),
+        model=None if model is None else str(model),
+        trust_checkpoint=trust_checkpoint,
+        out=str(out),
+        epochs=epochs,
+        train_size=train_size,
+        val_size=val_size,
+        batch_size=batch_size,
+        patience=patience,
+        ema_decay=ema_decay,
+        learning_rate=learning_rate,
+        seed=seed,
+        device=device,
+        task_options=task_options,
+        method_options=method_options,
+    )
     return config, warnings

@@ -40,12 +40,18 @@ def load_card(name: str) -> DataCard:
     if not source.is_file():
         raise UserError(f"no data card named '{name}' (looked for {source})")
     content = yaml.safe_load(source.read_text())
-    return DataCard(name=content["name"], title=content["title"], fields=content.get("fields", {}),
-                    content=content, path=str(source))
+    return DataCard(
+        name=content["name"],
+        title=content["title"],
+        fields=content.get("fields", {}),
+        content=content,
+        path=str(source),
+    )
 
 
-def check_fields(card: DataCard, path: str | Path, arrays: Mapping[str, np.ndarray],
-                 names: list[str] | None = None) -> dict[str, int]:
+def check_fields(
+    card: DataCard, path: str | Path, arrays: Mapping[str, np.ndarray], names: list[str] | None = None
+) -> dict[str, int]:
     """Check ``arrays`` (field -> array, read from ``path``) against ``card.fields``.
 
     Checks presence, dtype kind, shape (symbolic sizes such as ``n_atoms`` must agree across fields)
@@ -55,8 +61,12 @@ def check_fields(card: DataCard, path: str | Path, arrays: Mapping[str, np.ndarr
     for name in names or list(card.fields):
         spec = card.fields[name]
         if name not in arrays:
-            raise field_error(path, name, f"a field '{name}' ({_describe(spec)}) as the {card.name} card says",
-                              f"only {sorted(arrays)}")
+            raise field_error(
+                path,
+                name,
+                f"a field '{name}' ({_describe(spec)}) as the {card.name} card says",
+                f"only {sorted(arrays)}",
+            )
         value = np.asarray(arrays[name])
         kinds = _DTYPE_KINDS[spec["dtype"]]
         if value.dtype.kind not in kinds:
@@ -68,8 +78,12 @@ def check_fields(card: DataCard, path: str | Path, arrays: Mapping[str, np.ndarr
             for axis, (symbol, size) in enumerate(zip(shape, value.shape)):
                 expected = symbol if isinstance(symbol, int) else sizes.setdefault(symbol, size)
                 if size != expected:
-                    raise field_error(path, name, f"shape {shape} with {symbol} = {expected}",
-                                      f"{size} on axis {axis} (shape {list(value.shape)})")
+                    raise field_error(
+                        path,
+                        name,
+                        f"shape {shape} with {symbol} = {expected}",
+                        f"{size} on axis {axis} (shape {list(value.shape)})",
+                    )
         for check in spec.get("checks", []):
             _value_check(path, name, value, check)
     return sizes

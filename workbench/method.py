@@ -43,20 +43,25 @@ class Method:
         """What the method owns apart from the frozen base: every trainable parameter, by name."""
         return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
-    def load_trainable_state(self, model: nn.Module, state: Mapping[str, torch.Tensor],
-                             source: str | Path = "<state>") -> None:
+    def load_trainable_state(
+        self, model: nn.Module, state: Mapping[str, torch.Tensor], source: str | Path = "<state>"
+    ) -> None:
         """Load a state from `trainable_state` into a prepared model; every key must match."""
         params = {name: p for name, p in model.named_parameters() if p.requires_grad}
         missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
         if missing or unexpected:
-            raise UserError(f"{source}: adapter state does not fit this model and method '{self.name}' "
-                            f"({len(state) - len(unexpected)} of {len(params)} tensors matched; "
-                            f"missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise UserError(
+                f"{source}: adapter state does not fit this model and method '{self.name}' "
+                f"({len(state) - len(unexpected)} of {len(params)} tensors matched; "
+                f"missing {missing[:3]}, unexpected {unexpected[:3]})"
+            )
         with torch.no_grad():
             for name, value in state.items():
                 if params[name].shape != value.shape:
-                    raise UserError(f"{source}: tensor '{name}': expected shape {tuple(params[name].shape)}, "
-                                    f"found {tuple(value.shape)}")
+                    raise UserError(
+                        f"{source}: tensor '{name}': expected shape {tuple(params[name].shape)}, "
+                        f"found {tuple(value.shape)}"
+                    )
                 params[name].copy_(value)
 
 

@@ -17,7 +17,8 @@ class ModelFamily:
     #: Card (in ``data_cards/``) of the shipped pretrained checkpoint and the data it was trained on.
     card: ClassVar[str | None] = None
 
-    def load(self, source: str | Path | None = None, *, trust_checkpoint: bool = False,
-             dtype: torch.dtype = torch.float64) -> nn.Module:
+    def load(
+        self, source: str | Path | None = None, *, trust_checkpoint: bool = False, dtype: torch.dtype = torch.float64
+    ) -> nn.Module:
         """The pretrained model at ``source`` (the shipped checkpoint when None)."""
         raise NotImplementedError

@@ -38,8 +38,9 @@ class Registry(Generic[T]):
         """Class decorator: registers ``cls`` under ``cls.name``."""
         name = cls.name
         if name in self._classes and self._classes[name] is not cls:
-            raise ValueError(f"{self.kind} '{name}' is registered twice: "
-                             f"{self._classes[name].__module__} and {cls.__module__}")
+            raise ValueError(
+                f"{self.kind} '{name}' is registered twice: {self._classes[name].__module__} and {cls.__module__}"
+            )
         self._classes[name] = cls
         return cls
 

@@ -16,8 +16,10 @@ from workbench.task import TaskData  # noqa: E402
 
 
 def _rows(metrics: Mapping[str, Any]) -> list[tuple[str, Mapping[str, float], Mapping[str, Any] | None]]:
-    rows = [("before (pretrained)", metrics["before"], None),
-            (f"{metrics['method']} (chosen)", metrics["after"], metrics["costs"][metrics["method"]])]
+    rows = [
+        ("before (pretrained)", metrics["before"], None),
+        (f"{metrics['method']} (chosen)", metrics["after"], metrics["costs"][metrics["method"]]),
+    ]
     rows += [(name, values, metrics["costs"][name]) for name, values in metrics["baselines"].items()]
     return rows
 
@@ -27,18 +29,31 @@ def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
     header = ["model", *metric_names, "trainable", "s/epoch", "epochs"]
     lines = []
     for label, values, cost in _rows(metrics):
-        lines.append([label, *(f"{values[m]:.2f}" for m in metric_names),
-                      f"{cost['trainable_parameters']:,}" if cost else "-",
-                      f"{cost['seconds_per_epoch']:.2f}" if cost else "-",
-                      str(cost["epochs"]) if cost else "-"])
+        lines.append(
+            [
+                label,
+                *(f"{values[m]:.2f}" for m in metric_names),
+                f"{cost['trainable_parameters']:,}" if cost else "-",
+                f"{cost['seconds_per_epoch']:.2f}" if cost else "-",
+                str(cost["epochs"]) if cost else "-",
+            ]
+        )
     widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
-    fmt = lambda row: "  ".join(str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))  # noqa: E731
+
+    def fmt(row: list[str]) -> str:
+        return "  ".join(
+            str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+        )
+
     rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
-    title = f"{metrics['task']}: test-split errors ({metrics['samples']['test']} samples, trained on {metrics['samples']['train']})"
+    samples = metrics["samples"]
+    title = f"{metrics['task']}: test-split errors ({samples['test']} samples; trained on {samples['train']})"
     return "\n".join([title, rule, fmt(header), rule, *map(fmt, lines), rule])
 
 
-def learning_curves(results: Mapping[str, Mapping[str, Any]], out_dir: Path, name: str = "learning_curves.png") -> tuple[str, str]:
+def learning_curves(
+    results: Mapping[str, Mapping[str, Any]], out_dir: Path, name: str = "learning_curves.png"
+) -> tuple[str, str]:
     """Training and validation loss per epoch for every method (log scale)."""
     figure, axis = plt.subplots(figsize=(6.4, 4.2))
     for index, (method, result) in enumerate(results.items()):
@@ -57,20 +72,42 @@ def learning_curves(results: Mapping[str, Mapping[str, Any]], out_dir: Path, nam
     return "Learning curves (dots: the epoch whose weights were kept)", name
 
 
-def markdown(config: RunConfig, data: TaskData, metrics: Mapping[str, Any], figures: Sequence[tuple[str, str]],
-             metric_names: Sequence[str]) -> str:
+def markdown(
+    config: RunConfig,
+    data: TaskData,
+    metrics: Mapping[str, Any],
+    figures: Sequence[tuple[str, str]],
+    metric_names: Sequence[str],
+) -> str:
     """The run's ``report.md``: what was run, the table, the plots, the configuration."""
     header = "| model | " + " | ".join(metric_names) + " | trainable params | s/epoch | epochs (best) |"
-    lines = [f"# {config.task}: {config.method} vs {', '.join(config.baselines) or 'no baselines'}", "",
-             f"Data: `{data.source}` — {metrics['samples']['train']} training, {metrics['samples']['val']} validation, "
-             f"{metrics['samples']['test']} test samples. Seed {config.seed}, device {config.device}.", "",
-             header, "|" + "---|" * (len(metric_names) + 4)]
+    lines = [
+        f"# {config.task}: {config.method} vs {', '.join(config.baselines) or 'no baselines'}",
+        "",
+        f"Data: `{data.source}` — {metrics['samples']['train']} training, {metrics['samples']['val']} validation, "
+        f"{metrics['samples']['test']} test samples. Seed {config.seed}, device {config.device}.",
+        "",
+        header,
+        "|" + "---|" * (len(metric_names) + 4),
+    ]
     for label, values, cost in _rows(metrics):
-        extra = (f"{cost['trainable_parameters']:,} | {cost['seconds_per_epoch']:.2f} | {cost['epochs']} ({cost['best_epoch'] + 1})"
-                 if cost else "- | - | -")
+        extra = "- | - | -"
+        if cost:
+            extra = (
+                f"{cost['trainable_parameters']:,} | {cost['seconds_per_epoch']:.2f} | "
+                f"{cost['epochs']} ({cost['best_epoch'] + 1})"
+            )
         lines.append(f"| {label} | " + " | ".join(f"{values[m]:.3f}" for m in metric_names) + f" | {extra} |")
     lines += ["", "Errors are on the test split; lower is better."]
     for caption, file_name in figures:
         lines += ["", f"## {caption}", "", f"![{caption}]({file_name})"]
-    lines += ["", "## Configuration", "", "```yaml", yaml.safe_dump(config.to_dict(), sort_keys=False).rstrip(), "```", ""]
+    lines += [
+        "",
+        "## Configuration",
+        "",
+        "```yaml",
+        yaml.safe_dump(config.to_dict(), sort_keys=False).rstrip(),
+        "```",
+        "",
+    ]
     return "\n".join(lines)

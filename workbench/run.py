@@ -18,10 +18,10 @@ import json
 import logging
 import os
 import resource
-import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -71,17 +71,35 @@ class Run:
         method = methods.get(adapter["method"])(**adapter["options"])
         torch.manual_seed(config.seed)
         method.prepare(model)
-        method.load_trainable_state(model, load_tensors(path / "adapter.safetensors"), source=path / "adapter.safetensors")
+        method.load_trainable_state(
+            model, load_tensors(path / "adapter.safetensors"), source=path / "adapter.safetensors"
+        )
         return cls(path, config, metrics, method.merge(model).eval())
 
 
-def adapt(domain: str, method: str | None = None, *, data: str | None = None, model: str | None = None,
-          out: str | None = None, epochs: int | None = None, train_size: int | None = None,
-          val_size: int | None = None, batch_size: int | None = None, patience: int | None = None,
-          learning_rate: float | None = None,
-          seed: int = 0, device: str = "auto", resume: bool = False, quiet: bool = False,
-          trust_checkpoint: bool = False, baselines: list[str] | None = None,
-          method_options: dict[str, Any] | None = None, **task_options: Any) -> Run:
+def adapt(
+    domain: str,
+    method: str | None = None,
+    *,
+    data: str | None = None,
+    model: str | None = None,
+    out: str | None = None,
+    epochs: int | None = None,
+    train_size: int | None = None,
+    val_size: int | None = None,
+    batch_size: int | None = None,
+    patience: int | None = None,
+    ema_decay: float = 0.99,
+    learning_rate: float | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    resume: bool = False,
+    quiet: bool = False,
+    trust_checkpoint: bool = False,
+    baselines: list[str] | None = None,
+    method_options: dict[str, Any] | None = None,
+    **task_options: Any,
+) -> Run:
     """Adapt the task's pretrained model to its data with ``method``; run the baselines beside it.
 
     Example::
@@ -92,10 +110,25 @@ def adapt(domain: str, method: str | None = None, *, data: str | None = None, mo
     Returns a `Run` whose ``model`` is the adapted model with its adapters merged.
     """
     config, warnings = resolve_config(
-        domain, method=method, baselines=baselines, data=data, model=model, trust_checkpoint=trust_checkpoint,
-        out=out, epochs=epochs, train_size=train_size, val_size=val_size, batch_size=batch_size,
-        patience=patience, learning_rate=learning_rate, seed=seed, device=device, task_options=task_options,
-        method_options=method_options)
+        domain,
+        method=method,
+        baselines=baselines,
+        data=data,
+        model=model,
+        trust_checkpoint=trust_checkpoint,
+        out=out,
+        epochs=epochs,
+        train_size=train_size,
+        val_size=val_size,
+        batch_size=batch_size,
+        patience=patience,
+        ema_decay=ema_decay,
+        learning_rate=learning_rate,
+        seed=seed,
+        device=device,
+        task_options=task_options,
+        method_options=method_options,
+    )
     _init_distributed(config.device)
     rank, _ = distributed()
     if rank != 0:
@@ -119,9 +152,33 @@ def adapt(domain: str, method: str | None = None, *, data: str | None = None, mo
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
-        _log_to(out_dir / "log.txt", quiet)
-    log.info("%s: %d train / %d val / %d test samples from %s; %d process(es) on %s", config.task, len(data.train),
-             len(data.val), len(data.test), data.source, distributed()[1], config.device)
+    with _logging_to(out_dir / "log.txt" if rank == 0 else None):
+        return _adapt_steps(config, task, data, base, task_state, out_dir, device, resume, quiet, rank)
+
+
+def _adapt_steps(
+    config: RunConfig,
+    task: Task,
+    data: TaskData,
+    base: nn.Module,
+    task_state: dict[str, Any],
+    out_dir: Path,
+    device: torch.device,
+    resume: bool,
+    quiet: bool,
+    rank: int,
+) -> Run:
+    """Score the base model, train every method, write metrics and report (the body of `adapt`)."""
+    log.info(
+        "%s: %d train / %d val / %d test samples from %s; %d process(es) on %s",
+        config.task,
+        len(data.train),
+        len(data.val),
+        len(data.test),
+        data.source,
+        distributed()[1],
+        config.device,
+    )
 
     before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank)
     results: dict[str, dict[str, Any]] = {}
@@ -131,8 +188,19 @@ def adapt(domain: str, method: str | None = None, *, data: str | None = None, mo
         log.info("[%d/%d] %s", index, len(names), name)
         chosen = name == config.method
         results[name], evaluations[name] = _run_method(
-            task, base, data, name, config.method_options if chosen else {}, config, out_dir, device, resume, rank,
-            progress=not quiet, task_state=task_state if chosen else None)
+            task,
+            base,
+            data,
+            name,
+            config.method_options if chosen else {},
+            config,
+            out_dir,
+            device,
+            resume,
+            rank,
+            progress=not quiet,
+            task_state=task_state if chosen else None,
+        )
     metrics = _metrics(config, data, before, results)
     if rank == 0:
         figures = task.figures(evaluations, out_dir) + [report.learning_curves(results, out_dir)]
@@ -140,8 +208,8 @@ def adapt(domain: str, method: str | None = None, *, data: str | None = None, mo
         write_json(out_dir / "metrics.json", metrics)  # last: its presence marks the run complete
         _remove_checkpoints(out_dir)
         if not quiet:
-            print(report.table(metrics, task.metrics), file=sys.stderr)
-            print(f"run written to {out_dir}", file=sys.stderr)
+            print(report.table(metrics, task.metrics))
+            print(f"run written to {out_dir}")
         return Run.load(out_dir)  # rebuilt from what was written: the run directory is the result
     return Run(out_dir, config, metrics)
 
@@ -151,13 +219,16 @@ def evaluate(run: str | Path, data: str | None = None, device: str = "auto") -> 
     finished = Run.load(run)
     config = finished.config
     task = tasks.get(config.task)(**config.task_options)
-    device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if device == "auto" else device))
+    device = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
     raw = task.read(data if data is not None else config.data, config.seed)
     samples = task.test_samples(finished.model, raw)
     evaluation = task.evaluate(finished.model.to(device), samples, device)
-    write_json(finished.path / "evaluations" / f"{Path(raw.source).stem}.json",
-               {"data": raw.source, "test_samples": len(samples), "metrics": evaluation.metrics})
+    write_json(
+        finished.path / "evaluations" / f"{Path(raw.source).stem}.json",
+        {"data": raw.source, "test_samples": len(samples), "metrics": evaluation.metrics},
+    )
     return evaluation.metrics
 
 
@@ -184,17 +255,28 @@ def _check_out_dir(out_dir: Path, config: RunConfig, resume: bool) -> None:
         raise UserError(f"{out_dir}: already exists; choose another --out, or add --resume to continue that run")
 
 
-def _log_to(path: Path, quiet: bool) -> None:
-    logger = logging.getLogger("workbench")
-    logger.setLevel(logging.INFO)
-    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve()) for h in logger.handlers):
-        handler = logging.FileHandler(path)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
+@contextmanager
+def _logging_to(path: Path | None) -> Iterator[None]:
+    """Copy the workbench's log into ``path`` while the block runs (nothing when None)."""
+    if path is None:
+        yield
+        return
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        handler.close()
 
 
-def _evaluate_or_reuse(task: Task, model: nn.Module, data: TaskData, name: str, out_dir: Path,
-                       device: torch.device, rank: int) -> Evaluation:
+def _evaluate_or_reuse(
+    task: Task, model: nn.Module, data: TaskData, name: str, out_dir: Path, device: torch.device, rank: int
+) -> Evaluation:
     saved = _load_result(out_dir, name)
     if saved is not None:
         return saved[1]
@@ -204,9 +286,20 @@ def _evaluate_or_reuse(task: Task, model: nn.Module, data: TaskData, name: str, 
     return evaluation
 
 
-def _run_method(task: Task, base: nn.Module, data: TaskData, name: str, options: dict[str, Any], config: RunConfig,
-                out_dir: Path, device: torch.device, resume: bool, rank: int, progress: bool,
-                task_state: dict[str, Any] | None) -> tuple[dict[str, Any], Evaluation]:
+def _run_method(
+    task: Task,
+    base: nn.Module,
+    data: TaskData,
+    name: str,
+    options: dict[str, Any],
+    config: RunConfig,
+    out_dir: Path,
+    device: torch.device,
+    resume: bool,
+    rank: int,
+    progress: bool,
+    task_state: dict[str, Any] | None,
+) -> tuple[dict[str, Any], Evaluation]:
     """Train one method on a copy of ``base``; reuse its saved result when resuming.
 
     With a ``task_state`` (the chosen method), the adapter is written too, before the result that
@@ -220,22 +313,42 @@ def _run_method(task: Task, base: nn.Module, data: TaskData, name: str, options:
     torch.manual_seed(config.seed)
     model = method.prepare(copy.deepcopy(base)).to(device)
     trainable, total = count_parameters(model)
-    settings = TrainSettings(epochs=config.epochs, batch_size=config.batch_size,
-                             learning_rate=config.learning_rate or method.learning_rate, seed=config.seed,
-                             patience=config.patience)
+    settings = TrainSettings(
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        learning_rate=config.learning_rate or method.learning_rate,
+        seed=config.seed,
+        patience=config.patience,
+        ema_decay=config.ema_decay or None,
+    )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    trainer = Trainer(model, task.loss, task.collate, data.train, data.val, settings,
-                      checkpoint_path=out_dir / "checkpoints" / f"{name}.pt", device=device,
-                      progress=progress, label=name)
+    trainer = Trainer(
+        model,
+        task.loss,
+        task.collate,
+        data.train,
+        data.val,
+        settings,
+        checkpoint_path=out_dir / "checkpoints" / f"{name}.pt",
+        device=device,
+        progress=progress,
+        label=name,
+    )
     history = trainer.fit(resume=resume)
     evaluation = task.evaluate(model, data.test, device)
-    result = {"metrics": evaluation.metrics, "learning_rate": settings.learning_rate,
-              "trainable_parameters": trainable, "total_parameters": total,
-              "train_seconds": float(sum(h["seconds"] for h in history)),
-              "seconds_per_epoch": float(np.mean([h["seconds"] for h in history])),
-              "epochs": len(history), "best_epoch": trainer.best["epoch"],
-              "peak_memory_bytes": _peak_memory_bytes(device), "history": history}
+    result = {
+        "metrics": evaluation.metrics,
+        "learning_rate": settings.learning_rate,
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+        "train_seconds": float(sum(h["seconds"] for h in history)),
+        "seconds_per_epoch": float(np.mean([h["seconds"] for h in history])),
+        "epochs": len(history),
+        "best_epoch": trainer.best["epoch"],
+        "peak_memory_bytes": _peak_memory_bytes(device),
+        "history": history,
+    }
     if rank == 0:
         if task_state is not None:
             _save_adapter(out_dir, method, model, task_state)
@@ -251,8 +364,10 @@ def _peak_memory_bytes(device: torch.device) -> int:
 
 
 def _save_result(out_dir: Path, name: str, result: dict[str, Any], evaluation: Evaluation) -> None:
-    save_tensors(out_dir / "results" / f"{name}.predictions.safetensors",
-                 {k: torch.as_tensor(v) for k, v in evaluation.predictions.items()})
+    save_tensors(
+        out_dir / "results" / f"{name}.predictions.safetensors",
+        {k: torch.as_tensor(v) for k, v in evaluation.predictions.items()},
+    )
     write_json(out_dir / "results" / f"{name}.json", result)
 
 
@@ -261,7 +376,9 @@ def _load_result(out_dir: Path, name: str) -> tuple[dict[str, Any], Evaluation] 
     if not path.is_file():
         return None
     result = json.loads(path.read_text())
-    predictions = {k: v.numpy() for k, v in load_tensors(out_dir / "results" / f"{name}.predictions.safetensors").items()}
+    predictions = {
+        k: v.numpy() for k, v in load_tensors(out_dir / "results" / f"{name}.predictions.safetensors").items()
+    }
     return result, Evaluation(result["metrics"], predictions)
 
 
@@ -270,18 +387,30 @@ def _save_adapter(out_dir: Path, method: Method, model: nn.Module, task_state: d
     write_json(out_dir / "adapter.json", {"method": method.name, "options": method.config, "task_state": task_state})
 
 
-def _metrics(config: RunConfig, data: TaskData, before: Evaluation, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _metrics(
+    config: RunConfig, data: TaskData, before: Evaluation, results: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     chosen = results[config.method]
-    costs = {name: {key: value for key, value in result.items() if key not in ("metrics", "history")}
-             for name, result in results.items()}
-    return {"task": config.task, "method": config.method, "seed": config.seed, "data": data.source,
-            "processes": distributed()[1],
-            "samples": {"train": len(data.train), "val": len(data.val), "test": len(data.test)},
-            "before": before.metrics, "after": chosen["metrics"],
-            "baselines": {name: results[name]["metrics"] for name in config.baselines},
-            "trainable_parameters": chosen["trainable_parameters"], "total_parameters": chosen["total_parameters"],
-            "train_seconds": chosen["train_seconds"], "peak_memory_bytes": chosen["peak_memory_bytes"],
-            "costs": costs}
+    costs = {
+        name: {key: value for key, value in result.items() if key not in ("metrics", "history")}
+        for name, result in results.items()
+    }
+    return {
+        "task": config.task,
+        "method": config.method,
+        "seed": config.seed,
+        "data": data.source,
+        "processes": distributed()[1],
+        "samples": {"train": len(data.train), "val": len(data.val), "test": len(data.test)},
+        "before": before.metrics,
+        "after": chosen["metrics"],
+        "baselines": {name: results[name]["metrics"] for name in config.baselines},
+        "trainable_parameters": chosen["trainable_parameters"],
+        "total_parameters": chosen["total_parameters"],
+        "train_seconds": chosen["train_seconds"],
+        "peak_memory_bytes": chosen["peak_memory_bytes"],
+        "costs": costs,
+    }
 
 
 def _remove_checkpoints(out_dir: Path) -> None:

@@ -72,8 +72,9 @@ class Task:
         """The pretrained model to adapt (the shipped one when ``source`` is None)."""
         raise NotImplementedError
 
-    def prepare(self, model: nn.Module, raw: Any, train_size: int, val_size: int, seed: int
-                ) -> tuple[TaskData, dict[str, Any]]:
+    def prepare(
+        self, model: nn.Module, raw: Any, train_size: int, val_size: int, seed: int
+    ) -> tuple[TaskData, dict[str, Any]]:
         """Fit the model's data-dependent constants (returned as a JSON-able task state) and make samples."""
         raise NotImplementedError
 

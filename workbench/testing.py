@@ -26,8 +26,12 @@ def random_rotation(generator: torch.Generator, dtype: torch.dtype = torch.float
     return q
 
 
-def rotation_equivariance_error(energy_forces: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                                positions: torch.Tensor, n_rotations: int = 4, seed: int = 0) -> float:
+def rotation_equivariance_error(
+    energy_forces: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    positions: torch.Tensor,
+    n_rotations: int = 4,
+    seed: int = 0,
+) -> float:
     """Largest relative deviation from E(3)-rotation symmetry over random rotations ``R``.
 
     ``energy_forces(positions (n, 3)) -> (energy (), forces (n, 3))``. Measures
@@ -39,9 +43,11 @@ def rotation_equivariance_error(energy_forces: Callable[[torch.Tensor], tuple[to
     for _ in range(n_rotations):
         rotation = random_rotation(generator, positions.dtype)
         energy_r, forces_r = energy_forces(positions @ rotation.T)
-        worst = max(worst,
-                    float((energy_r - energy).abs().max() / energy.abs().max()),
-                    float(torch.linalg.norm(forces_r - forces @ rotation.T) / torch.linalg.norm(forces)))
+        worst = max(
+            worst,
+            float((energy_r - energy).abs().max() / energy.abs().max()),
+            float(torch.linalg.norm(forces_r - forces @ rotation.T) / torch.linalg.norm(forces)),
+        )
     return worst
 
 

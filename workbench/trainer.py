@@ -73,10 +73,19 @@ class Trainer:
         label: names the run in the progress bar and the log.
     """
 
-    def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, Any, bool], torch.Tensor],
-                 collate: Callable[[Sequence[Any], torch.device], Any], train_samples: Sequence[Any],
-                 val_samples: Sequence[Any], settings: TrainSettings, checkpoint_path: str | Path | None = None,
-                 device: torch.device | str = "cpu", progress: bool = True, label: str = "train"):
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[nn.Module, Any, bool], torch.Tensor],
+        collate: Callable[[Sequence[Any], torch.device], Any],
+        train_samples: Sequence[Any],
+        val_samples: Sequence[Any],
+        settings: TrainSettings,
+        checkpoint_path: str | Path | None = None,
+        device: torch.device | str = "cpu",
+        progress: bool = True,
+        label: str = "train",
+    ):
         self.model = model
         self.loss_fn = loss_fn
         self.collate = collate
@@ -93,12 +102,16 @@ class Trainer:
         if not self.params:
             raise ValueError(f"{label}: the model has no trainable parameters")
         if len(train_samples) < self.world_size * settings.batch_size:
-            raise ValueError(f"{label}: {len(train_samples)} training samples cannot fill one batch of "
-                             f"{settings.batch_size} on each of {self.world_size} processes")
-        self.optimizer = torch.optim.Adam(self.params, lr=settings.learning_rate, amsgrad=settings.amsgrad,
-                                          weight_decay=settings.weight_decay)
+            raise ValueError(
+                f"{label}: {len(train_samples)} training samples cannot fill one batch of "
+                f"{settings.batch_size} on each of {self.world_size} processes"
+            )
+        self.optimizer = torch.optim.Adam(
+            self.params, lr=settings.learning_rate, amsgrad=settings.amsgrad, weight_decay=settings.weight_decay
+        )
         self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            self.optimizer, factor=settings.lr_factor, patience=settings.lr_patience)
+            self.optimizer, factor=settings.lr_factor, patience=settings.lr_patience
+        )
         self.ema = ExponentialMovingAverage(self.params, decay=settings.ema_decay) if settings.ema_decay else None
         self.history: list[dict[str, float]] = []
         self.best: dict[str, Any] = {"val_loss": float("inf"), "epoch": -1, "state": None}
@@ -115,9 +128,9 @@ class Trainer:
         generator = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + epoch)
         order = torch.randperm(len(self.train_samples), generator=generator).tolist()
         per_rank = len(order) // self.world_size  # every rank takes the same number of steps
-        mine = order[self.rank * per_rank:(self.rank + 1) * per_rank]
+        mine = order[self.rank * per_rank : (self.rank + 1) * per_rank]
         size = self.settings.batch_size
-        return [[self.train_samples[i] for i in mine[start:start + size]] for start in range(0, len(mine), size)]
+        return [[self.train_samples[i] for i in mine[start : start + size]] for start in range(0, len(mine), size)]
 
     def _train_epoch(self, epoch: int) -> float:
         self.model.train()
@@ -142,7 +155,7 @@ class Trainer:
         total = 0.0
         size = self.settings.batch_size
         for start in range(0, len(self.val_samples), size):
-            samples = self.val_samples[start:start + size]
+            samples = self.val_samples[start : start + size]
             loss = self.loss_fn(self.model, self.collate(samples, self.device), False)
             total += loss.item() * len(samples)
         return total / len(self.val_samples)
@@ -152,16 +165,25 @@ class Trainer:
         return {name: p.detach().clone().cpu() for name, p in zip(self.names, self.params)}
 
     def _state(self) -> dict[str, Any]:
-        return {"label": self.label, "settings": asdict(self.settings), "epoch": len(self.history),
-                "stopped": self.stopped, "params": self._trainable_values(),
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "ema": self.ema.state_dict() if self.ema is not None else None,
-                "best": self.best, "history": self.history}
+        return {
+            "label": self.label,
+            "settings": asdict(self.settings),
+            "epoch": len(self.history),
+            "stopped": self.stopped,
+            "params": self._trainable_values(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "best": self.best,
+            "history": self.history,
+        }
 
     def _restore(self, state: dict[str, Any]) -> None:
         if state["label"] != self.label or state["settings"] != asdict(self.settings):
-            raise ValueError(f"{self.checkpoint_path}: checkpoint of '{state['label']}' with settings "
-                             f"{state['settings']} does not match '{self.label}' with {asdict(self.settings)}")
+            raise ValueError(
+                f"{self.checkpoint_path}: checkpoint of '{state['label']}' with settings "
+                f"{state['settings']} does not match '{self.label}' with {asdict(self.settings)}"
+            )
         with torch.no_grad():
             for name, p in zip(self.names, self.params):
                 p.copy_(state["params"][name])
@@ -180,8 +202,14 @@ class Trainer:
         if resume and self.checkpoint_path is not None and self.checkpoint_path.is_file():
             self._restore(load_checkpoint(self.checkpoint_path))
             log.info("%s: resumed after epoch %d", self.label, len(self.history))
-        bar = tqdm(total=self.settings.epochs, initial=len(self.history), desc=self.label,
-                   disable=not self.progress, leave=False, unit="epoch")
+        bar = tqdm(
+            total=self.settings.epochs,
+            initial=len(self.history),
+            desc=self.label,
+            disable=not self.progress,
+            leave=False,
+            unit="epoch",
+        )
         while len(self.history) < self.settings.epochs and not self.stopped:
             epoch = len(self.history)
             start = time.perf_counter()
@@ -192,8 +220,15 @@ class Trainer:
                 if val_loss < self.best["val_loss"]:
                     self.best = {"val_loss": val_loss, "epoch": epoch, "state": self._trainable_values()}
             self.scheduler.step(val_loss)
-            self.history.append({"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss,
-                                 "lr": self.optimizer.param_groups[0]["lr"], "seconds": seconds})
+            self.history.append(
+                {
+                    "epoch": epoch,
+                    "train_loss": train_loss,
+                    "val_loss": val_loss,
+                    "lr": self.optimizer.param_groups[0]["lr"],
+                    "seconds": seconds,
+                }
+            )
             self.stopped = epoch - self.best["epoch"] >= self.settings.patience
             if self.rank == 0 and self.checkpoint_path is not None:
                 save_checkpoint(self.checkpoint_path, self._state())

@@ -36,9 +36,9 @@ from ase.collections import g2
 from ase.md.langevin import Langevin
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
+from workbench.domains.atomistic.units import EV_PER_KCAL_PER_MOL
 
 from workbench.checkpoint import atomic_path
-from workbench.domains.atomistic.units import EV_PER_KCAL_PER_MOL
 
 try:  # ase >= 3.29; older versions only have the (same) MaxwellBoltzmannDistribution
     from ase.md.velocitydistribution import thermalize_momenta
@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover - depends on the installed ase
 
     def thermalize_momenta(atoms, temperature_K, *, rng):  # noqa: N803 - ase's spelling
         MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_K, rng=rng)
+
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +169,9 @@ def sample_md_frames(
     # reproducible; its small bias of the NVT ensemble does not matter for sampling training frames.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*fixcm", category=FutureWarning)
-        dynamics = Langevin(system, timestep_fs * ase.units.fs, temperature_K=temperature_k,
-                            friction=friction, fixcm=True, rng=rng)
+        dynamics = Langevin(
+            system, timestep_fs * ase.units.fs, temperature_K=temperature_k, friction=friction, fixcm=True, rng=rng
+        )
     frames = []
     with _one_openmp_thread():
         dynamics.run(steps_equilibration)
@@ -186,8 +188,10 @@ def _stack_frames(frames: Sequence[Atoms]) -> np.ndarray:
     numbers = frames[0].numbers
     for index, frame in enumerate(frames):
         if not np.array_equal(frame.numbers, numbers):
-            raise ValueError(f"frame {index} has atoms {frame.get_chemical_formula()}, "
-                             f"frame 0 has {frames[0].get_chemical_formula()}: label one molecule at a time")
+            raise ValueError(
+                f"frame {index} has atoms {frame.get_chemical_formula()}, "
+                f"frame 0 has {frames[0].get_chemical_formula()}: label one molecule at a time"
+            )
     return numbers
 
 
@@ -241,27 +245,42 @@ def label_dft(
 
     numbers = _stack_frames(frames)
     if int(numbers.sum()) % 2:
-        raise ValueError(f"{frames[0].get_chemical_formula()} has an odd number of electrons; "
-                         "label_dft runs restricted Kohn-Sham on neutral closed-shell molecules only")
+        raise ValueError(
+            f"{frames[0].get_chemical_formula()} has an odd number of electrons; "
+            "label_dft runs restricted Kohn-Sham on neutral closed-shell molecules only"
+        )
     energies = np.empty(len(frames))
     forces = np.empty((len(frames), len(numbers), 3))
     for index, frame in enumerate(tqdm(frames, desc=f"{xc}/{basis}", unit="frame", disable=not progress)):
-        mol = gto.M(atom=list(zip(frame.numbers.tolist(), frame.positions.tolist())), unit="Angstrom",
-                    basis=basis, charge=0, spin=0, verbose=0)
+        mol = gto.M(
+            atom=list(zip(frame.numbers.tolist(), frame.positions.tolist())),
+            unit="Angstrom",
+            basis=basis,
+            charge=0,
+            spin=0,
+            verbose=0,
+        )
         mf = dft.RKS(mol, xc=xc)
         mf.conv_tol = conv_tol
         energy_hartree = mf.kernel()
         if not mf.converged:
-            raise RuntimeError(f"{xc}/{basis} SCF of frame {index} ({frame.get_chemical_formula()}) did not "
-                               f"converge in {mf.max_cycle} cycles (conv_tol {conv_tol})")
+            raise RuntimeError(
+                f"{xc}/{basis} SCF of frame {index} ({frame.get_chemical_formula()}) did not "
+                f"converge in {mf.max_cycle} cycles (conv_tol {conv_tol})"
+            )
         gradient_hartree_per_bohr = mf.nuc_grad_method().kernel()
         energies[index] = energy_hartree * ase.units.Hartree
         forces[index] = -gradient_hartree_per_bohr * (ase.units.Hartree / ase.units.Bohr)
     return energies, forces
 
 
-def isolated_atom_energies_dft(symbols: Sequence[str] = tuple(ATOM_MULTIPLICITY), *, xc: str = "PBE",
-                               basis: str = "def2-SVP", conv_tol: float = 1e-9) -> dict[str, float]:
+def isolated_atom_energies_dft(
+    symbols: Sequence[str] = tuple(ATOM_MULTIPLICITY),
+    *,
+    xc: str = "PBE",
+    basis: str = "def2-SVP",
+    conv_tol: float = 1e-9,
+) -> dict[str, float]:
     """Isolated-atom energies [eV] at a DFT level of theory: unrestricted Kohn–Sham (pyscf) in each atom's
     ground-state multiplicity (`ATOM_MULTIPLICITY`). They are the physical E0s of that level of theory.
     """
@@ -303,23 +322,35 @@ def write_rmd17(
     energies = np.asarray(energies_ev, dtype=np.float64)
     forces = np.asarray(forces_ev_per_a, dtype=np.float64)
     n_frames, n_atoms = len(energies), len(numbers)
-    expected = {"atomic_numbers": (numbers, (n_atoms,)), "coords_a": (coords, (n_frames, n_atoms, 3)),
-                "energies_ev": (energies, (n_frames,)), "forces_ev_per_a": (forces, (n_frames, n_atoms, 3))}
+    expected = {
+        "atomic_numbers": (numbers, (n_atoms,)),
+        "coords_a": (coords, (n_frames, n_atoms, 3)),
+        "energies_ev": (energies, (n_frames,)),
+        "forces_ev_per_a": (forces, (n_frames, n_atoms, 3)),
+    }
     for name, (array, shape) in expected.items():
         if array.shape != shape:
-            raise ValueError(f"write_rmd17({molecule}): {name} has shape {array.shape}, expected {shape} "
-                             f"(n_frames={n_frames} from energies_ev, n_atoms={n_atoms} from atomic_numbers)")
+            raise ValueError(
+                f"write_rmd17({molecule}): {name} has shape {array.shape}, expected {shape} "
+                f"(n_frames={n_frames} from energies_ev, n_atoms={n_atoms} from atomic_numbers)"
+            )
         if not np.isfinite(array).all():
             raise ValueError(f"write_rmd17({molecule}): {name} has non-finite values")
     path = Path(out_dir) / "npz_data" / f"rmd17_{molecule}.npz"
     with atomic_path(path) as temporary, open(temporary, "wb") as stream:
-        np.savez(stream, nuclear_charges=numbers, coords=coords, energies=energies / EV_PER_KCAL_PER_MOL,
-                 forces=forces / EV_PER_KCAL_PER_MOL)
+        np.savez(
+            stream,
+            nuclear_charges=numbers,
+            coords=coords,
+            energies=energies / EV_PER_KCAL_PER_MOL,
+            forces=forces / EV_PER_KCAL_PER_MOL,
+        )
     return path
 
 
-def write_rmd17_splits(out_dir: str | Path, n_frames: int, n_train: int, seed: int,
-                       split_id: int = 1) -> tuple[Path, Path]:
+def write_rmd17_splits(
+    out_dir: str | Path, n_frames: int, n_train: int, seed: int, split_id: int = 1
+) -> tuple[Path, Path]:
     """Write ``out_dir/splits/index_{train,test}_<split_id:02d>.csv`` as rMD17 ships them.
 
     One integer frame index per line, no header, ascending. The train indices are ``n_train`` frames
@@ -389,8 +420,12 @@ def default_corpus_molecules() -> list[str]:
     names = []
     for name in g2.names:
         atoms = g2[name]
-        if (set(atoms.get_chemical_symbols()) <= set(ATOM_MULTIPLICITY) and len(atoms) >= 3
-                and int(atoms.numbers.sum()) % 2 == 0 and not atoms.get_initial_magnetic_moments().any()):
+        if (
+            set(atoms.get_chemical_symbols()) <= set(ATOM_MULTIPLICITY)
+            and len(atoms) >= 3
+            and int(atoms.numbers.sum()) % 2 == 0
+            and not atoms.get_initial_magnetic_moments().any()
+        ):
             names.append(name)
     return names
 
@@ -452,20 +487,29 @@ def generate_foundation_corpus(
     """
     names = default_corpus_molecules() if molecules is None else list(molecules)
     if frames_per_molecule < len(temperatures_k):
-        raise ValueError(f"frames_per_molecule ({frames_per_molecule}) must be at least the number of "
-                         f"temperatures ({len(temperatures_k)})")
+        raise ValueError(
+            f"frames_per_molecule ({frames_per_molecule}) must be at least the number of "
+            f"temperatures ({len(temperatures_k)})"
+        )
     corpus = []
     for i, name in enumerate(tqdm(names, desc="g2 xTB corpus", unit="molecule", disable=not progress)):
         atoms = build_molecule(name)
         for j, temperature in enumerate(temperatures_k):
             n_frames = len(range(j, frames_per_molecule, len(temperatures_k)))
             trajectory_seed = int(np.random.SeedSequence((seed, i, j)).generate_state(1)[0])
-            frames = sample_md_frames(atoms, n_frames, temperature, equilibration_fs=equilibration_fs,
-                                      interval_fs=interval_fs, seed=trajectory_seed)
+            frames = sample_md_frames(
+                atoms,
+                n_frames,
+                temperature,
+                equilibration_fs=equilibration_fs,
+                interval_fs=interval_fs,
+                seed=trajectory_seed,
+            )
             energies, forces = label_xtb(frames)
             for frame, energy, force in zip(frames, energies, forces):
-                frame.info.update(REF_energy=float(energy), molecule=name, temperature_k=float(temperature),
-                                  config_type="g2_xtb_md")
+                frame.info.update(
+                    REF_energy=float(energy), molecule=name, temperature_k=float(temperature), config_type="g2_xtb_md"
+                )
                 frame.arrays["REF_forces"] = force
             corpus.extend(frames)
         log.info("%s: %d frames", name, frames_per_molecule)

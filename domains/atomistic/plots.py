@@ -9,7 +9,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 
 from workbench.task import Evaluation  # noqa: E402
 
@@ -21,10 +20,20 @@ def parity(evaluations: Mapping[str, Evaluation], out_dir: Path, name: str = "pa
     for column, (label, evaluation) in enumerate(evaluations.items()):
         p, m = evaluation.predictions, evaluation.metrics
         offset = p["energy_ref_ev"].mean()
-        pairs = [((p["energy_ref_ev"] - offset) * 1000, (p["energy_pred_ev"] - offset) * 1000,
-                  "energy − mean [meV]", f"MAE {m['energy_mae_mev']:.1f} meV"),
-                 (p["forces_ref_ev_per_a"].ravel(), p["forces_pred_ev_per_a"].ravel(),
-                  "force component [eV/Å]", f"MAE {m['forces_mae_mev_per_a']:.0f} meV/Å")]
+        pairs = [
+            (
+                (p["energy_ref_ev"] - offset) * 1000,
+                (p["energy_pred_ev"] - offset) * 1000,
+                "energy − mean [meV]",
+                f"MAE {m['energy_mae_mev']:.1f} meV",
+            ),
+            (
+                p["forces_ref_ev_per_a"].ravel(),
+                p["forces_pred_ev_per_a"].ravel(),
+                "force component [eV/Å]",
+                f"MAE {m['forces_mae_mev_per_a']:.0f} meV/Å",
+            ),
+        ]
         for row, (ref, pred, quantity, text) in enumerate(pairs):
             axis = axes[row, column]
             low, high = min(ref.min(), pred.min()), max(ref.max(), pred.max())

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from mace import __version__ as mace_version
 from mace.modules import WeightedEnergyForcesLoss, compute_avg_num_neighbors, compute_mean_rms_energy_forces
-
 from workbench.domains.atomistic.frames import Frame, collate, predict, to_graphs
 from workbench.domains.atomistic.readers import frame_from_atoms
-from workbench.errors import UserError
 from workbench.models.mace import FOUNDATION_ARCHITECTURE, build_mace, save_mace
+
+from workbench.errors import UserError
 from workbench.trainer import Trainer, TrainSettings
 
 log = logging.getLogger(__name__)
@@ -43,9 +43,17 @@ def read_corpus(path: Path) -> tuple[list[Frame], dict[int, float]]:
     return frames, e0s
 
 
-def pretrain(out: Path, corpus: Path = CORPUS, epochs: int = 100, seed: int = 0, device: str = "auto",
-             quiet: bool = False, val_fraction: float = 0.05, batch_size: int = 10,
-             learning_rate: float = 0.01) -> dict[str, Any]:
+def pretrain(
+    out: Path,
+    corpus: Path = CORPUS,
+    epochs: int = 100,
+    seed: int = 0,
+    device: str = "auto",
+    quiet: bool = False,
+    val_fraction: float = 0.05,
+    batch_size: int = 10,
+    learning_rate: float = 0.01,
+) -> dict[str, Any]:
     """Train `FOUNDATION_ARCHITECTURE` on ``corpus``; write ``out`` (.safetensors + .json); return val errors."""
     out = Path(out)
     if out.suffix != ".safetensors":
@@ -61,13 +69,16 @@ def pretrain(out: Path, corpus: Path = CORPUS, epochs: int = 100, seed: int = 0,
     n_val = max(1, int(val_fraction * len(graphs)))
     train, val = [graphs[i] for i in order[n_val:]], [graphs[i] for i in order[:n_val]]
 
-    batches = [collate(train[i:i + 50]) for i in range(0, len(train), 50)]
+    batches = [collate(train[i : i + 50]) for i in range(0, len(train), 50)]
     atomic_energies = np.array([e0s[z] for z in zs])
     shift, scale = compute_mean_rms_energy_forces(batches, atomic_energies)
-    hparams = {**FOUNDATION_ARCHITECTURE, "atomic_energies": atomic_energies.tolist(),
-               "avg_num_neighbors": float(compute_avg_num_neighbors(batches)),
-               "atomic_inter_scale": float(np.asarray(scale).reshape(-1)[0]),
-               "atomic_inter_shift": float(np.asarray(shift).reshape(-1)[0])}
+    hparams = {
+        **FOUNDATION_ARCHITECTURE,
+        "atomic_energies": atomic_energies.tolist(),
+        "avg_num_neighbors": float(compute_avg_num_neighbors(batches)),
+        "atomic_inter_scale": float(np.asarray(scale).reshape(-1)[0]),
+        "atomic_inter_shift": float(np.asarray(shift).reshape(-1)[0]),
+    }
     torch.manual_seed(seed)
     model = build_mace(hparams).to(device)
     loss_fn = WeightedEnergyForcesLoss(energy_weight=1.0, forces_weight=100.0)
@@ -75,21 +86,42 @@ def pretrain(out: Path, corpus: Path = CORPUS, epochs: int = 100, seed: int = 0,
     def loss(m, batch, training):
         return loss_fn(ref=batch, pred=m(batch.to_dict(), training=training, compute_force=True))
 
-    settings = TrainSettings(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, seed=seed,
-                             patience=max(10, epochs // 5))
+    settings = TrainSettings(
+        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, seed=seed, patience=max(10, epochs // 5)
+    )
     trainer = Trainer(model, loss, collate, train, val, settings, device=device, progress=not quiet, label="pretrain")
     history = trainer.fit()
     energies, forces = predict(model, val, device=device)
     de = (energies - np.array([float(g.energy) for g in val])) * 1000
     df = (np.concatenate(forces) - np.concatenate([g.forces.numpy() for g in val])) * 1000
-    errors = {"val_energy_mae_mev_per_atom": float(np.mean(np.abs(de) / np.array([g.num_nodes for g in val]))),
-              "val_forces_mae_mev_per_a": float(np.abs(df).mean()), "val_frames": len(val), "train_frames": len(train)}
-    provenance = {"corpus": corpus.name, "epochs_run": len(history), "best_epoch": trainer.best["epoch"],
-                  "settings": {"epochs": epochs, "seed": seed, "batch_size": batch_size, "learning_rate": learning_rate,
-                               "energy_weight": 1.0, "forces_weight": 100.0, "val_fraction": val_fraction},
-                  "errors": errors, "software": {"mace-torch": mace_version, "torch": torch.__version__,
-                                                 "python": sys.version.split()[0], "machine": platform.machine()},
-                  "command": f"workbench pretrain --domain rmd17 --out {out.name} --epochs {epochs} --seed {seed}"}
+    errors = {
+        "val_energy_mae_mev_per_atom": float(np.mean(np.abs(de) / np.array([g.num_nodes for g in val]))),
+        "val_forces_mae_mev_per_a": float(np.abs(df).mean()),
+        "val_frames": len(val),
+        "train_frames": len(train),
+    }
+    provenance = {
+        "corpus": corpus.name,
+        "epochs_run": len(history),
+        "best_epoch": trainer.best["epoch"],
+        "settings": {
+            "epochs": epochs,
+            "seed": seed,
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
+            "energy_weight": 1.0,
+            "forces_weight": 100.0,
+            "val_fraction": val_fraction,
+        },
+        "errors": errors,
+        "software": {
+            "mace-torch": mace_version,
+            "torch": torch.__version__,
+            "python": sys.version.split()[0],
+            "machine": platform.machine(),
+        },
+        "command": f"workbench pretrain --domain rmd17 --out {out.name} --epochs {epochs} --seed {seed}",
+    }
     save_mace(model.cpu(), hparams, out, provenance)
     log.info("pretrained on %d frames: %s", len(train), errors)
     return errors

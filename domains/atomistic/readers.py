@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from workbench.datacard import check_fields, load_card
 from workbench.domains.atomistic.frames import Frame
 from workbench.domains.atomistic.units import EV_PER_KCAL_PER_MOL
+
+from workbench.datacard import check_fields, load_card
 from workbench.errors import UserError, field_error
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,10 @@ def find_rmd17_npz(path: str | Path, molecule: str) -> Path:
     if not path.exists():
         raise UserError(f"{path}: no such file or folder")
     found = sorted(p.name for p in [*path.glob("rmd17_*.npz"), *path.glob("npz_data/rmd17_*.npz")])
-    raise UserError(f"{path}: no rmd17_{molecule}.npz here or in npz_data/ (found: {found or 'none'}); "
-                    "choose the molecule with --molecule")
+    raise UserError(
+        f"{path}: no rmd17_{molecule}.npz here or in npz_data/ (found: {found or 'none'}); "
+        "choose the molecule with --molecule"
+    )
 
 
 def read_rmd17(path: str | Path, molecule: str = "ethanol", split: int = 1, card: str = "rmd17") -> LabelledSet:
@@ -71,17 +73,28 @@ def read_rmd17(path: str | Path, molecule: str = "ethanol", split: int = 1, card
     numbers = arrays["nuclear_charges"].astype(np.int64)
     energies_ev = arrays["energies"].astype(np.float64) * EV_PER_KCAL_PER_MOL
     forces_ev_per_a = arrays["forces"].astype(np.float64) * EV_PER_KCAL_PER_MOL
-    frames = [Frame(numbers, arrays["coords"][i].astype(np.float64), float(energies_ev[i]), forces_ev_per_a[i])
-              for i in range(sizes["n_frames"])]
+    frames = [
+        Frame(numbers, arrays["coords"][i].astype(np.float64), float(energies_ev[i]), forces_ev_per_a[i])
+        for i in range(sizes["n_frames"])
+    ]
     splits_dir = npz_path.parent.parent / "splits"
     train = _read_split(splits_dir / f"index_train_{split:02d}.csv", len(frames))
     test = _read_split(splits_dir / f"index_test_{split:02d}.csv", len(frames))
     overlap = np.intersect1d(train, test)
     if overlap.size:
-        raise field_error(splits_dir, f"index_test_{split:02d}.csv", "indices disjoint from the training split",
-                          f"{overlap.size} shared, e.g. {overlap[:3].tolist()}")
-    return LabelledSet(frames, train, test, source=str(npz_path),
-                       isolated_atom_energies_ev=dict(data_card.content.get("isolated_atom_energies_ev", {})))
+        raise field_error(
+            splits_dir,
+            f"index_test_{split:02d}.csv",
+            "indices disjoint from the training split",
+            f"{overlap.size} shared, e.g. {overlap[:3].tolist()}",
+        )
+    return LabelledSet(
+        frames,
+        train,
+        test,
+        source=str(npz_path),
+        isolated_atom_energies_ev=dict(data_card.content.get("isolated_atom_energies_ev", {})),
+    )
 
 
 def _read_split(path: Path, n_frames: int) -> np.ndarray:
@@ -92,8 +105,12 @@ def _read_split(path: Path, n_frames: int) -> np.ndarray:
     except ValueError as error:
         raise field_error(path, "index", "one integer frame index per line", str(error)) from None
     if indices.size == 0 or indices.min() < 0 or indices.max() >= n_frames:
-        raise field_error(path, "index", f"indices in [0, {n_frames})",
-                          f"range [{indices.min() if indices.size else '-'}, {indices.max() if indices.size else '-'}]")
+        raise field_error(
+            path,
+            "index",
+            f"indices in [0, {n_frames})",
+            f"range [{indices.min() if indices.size else '-'}, {indices.max() if indices.size else '-'}]",
+        )
     return indices
 
 
@@ -114,19 +131,22 @@ def read_extxyz(path: str | Path, energy_key: str = "REF_energy", forces_key: st
     return frames
 
 
-def frame_from_atoms(atoms, path: str | Path, index: int, energy_key: str = "REF_energy",
-                     forces_key: str = "REF_forces") -> Frame:
+def frame_from_atoms(
+    atoms, path: str | Path, index: int, energy_key: str = "REF_energy", forces_key: str = "REF_forces"
+) -> Frame:
     """A labelled `Frame` from an ``ase.Atoms`` read from ``path`` (frame ``index``), checked."""
     energy, forces = atoms.info.get(energy_key), atoms.arrays.get(forces_key)
     if (energy is None or forces is None) and atoms.calc is not None:
         energy = energy if energy is not None else atoms.calc.results.get("energy")
         forces = forces if forces is not None else atoms.calc.results.get("forces")
     if energy is None:
-        raise field_error(path, energy_key, f"an energy [eV] in frame {index} (info '{energy_key}' or a calculator energy)",
-                          "none")
+        raise field_error(
+            path, energy_key, f"an energy [eV] in frame {index} (info '{energy_key}' or a calculator energy)", "none"
+        )
     if forces is None:
-        raise field_error(path, forces_key, f"forces [eV/Å] in frame {index} (arrays '{forces_key}' or calculator forces)",
-                          "none")
+        raise field_error(
+            path, forces_key, f"forces [eV/Å] in frame {index} (arrays '{forces_key}' or calculator forces)", "none"
+        )
     forces = np.asarray(forces, dtype=np.float64)
     if not np.isfinite(energy):
         raise field_error(path, energy_key, f"a finite energy in frame {index}", str(energy))
@@ -143,12 +163,19 @@ def read_extxyz_set(path: str | Path, seed: int = 0) -> LabelledSet:
         if not (train_file.is_file() and test_file.is_file()):
             raise UserError(f"{path}: expected train.xyz and test.xyz in this folder (or give one .xyz file)")
         train, test = read_extxyz(train_file), read_extxyz(test_file)
-        return LabelledSet(train + test, np.arange(len(train)), np.arange(len(train), len(train) + len(test)), str(path))
+        return LabelledSet(
+            train + test, np.arange(len(train)), np.arange(len(train), len(train) + len(test)), str(path)
+        )
     frames = read_extxyz(path)
     if len(frames) < 4:
         raise UserError(f"{path}: {len(frames)} frames are too few to split into train and test")
     order = np.random.default_rng(seed).permutation(len(frames))
     half = len(frames) // 2
-    log.warning("%s has no split: %d frames for training and %d for testing, at random (seed %d)",
-                path, half, len(frames) - half, seed)
+    log.warning(
+        "%s has no split: %d frames for training and %d for testing, at random (seed %d)",
+        path,
+        half,
+        len(frames) - half,
+        seed,
+    )
     return LabelledSet(frames, np.sort(order[:half]), np.sort(order[half:]), str(path))

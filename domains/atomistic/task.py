@@ -23,12 +23,12 @@ import numpy as np
 import torch
 from mace.modules import WeightedEnergyForcesLoss
 from torch import nn
-
 from workbench.domains.atomistic import plots
 from workbench.domains.atomistic.frames import Frame, check_elements, collate, predict, to_graphs
 from workbench.domains.atomistic.readers import LabelledSet, read_extxyz_set, read_rmd17
-from workbench.errors import UserError
 from workbench.models.mace import atomic_numbers_of, load_mace, set_atomic_energies
+
+from workbench.errors import UserError
 from workbench.options import Option
 from workbench.registry import tasks
 from workbench.task import Evaluation, Task, TaskData
@@ -39,8 +39,9 @@ EMBEDDED = Path(__file__).parent / "embedded" / "rmd17"
 _ELEMENT_NUMBERS = {"H": 1, "C": 6, "N": 7, "O": 8, "F": 9, "P": 15, "S": 16, "Cl": 17}
 
 
-def fit_atomic_energies(model: nn.Module, frames: Sequence[Frame], graphs: Sequence[Any],
-                        prior_ev: Mapping[int, float]) -> dict[int, float]:
+def fit_atomic_energies(
+    model: nn.Module, frames: Sequence[Frame], graphs: Sequence[Any], prior_ev: Mapping[int, float]
+) -> dict[int, float]:
     """E0 per element [eV]: ``prior + Δ`` with Δ the least-squares fit of ``E_ref − E_interaction(model) − Σ prior``.
 
     Δ is the minimum-norm solution over element counts, so when the frames share one composition (a
@@ -86,23 +87,34 @@ class Rmd17(Task):
     model_family = "mace"
     default_method = "elora"
     baselines = ("full", "readout", "mace-lora")
-    metrics = ("forces_mae_mev_per_a", "forces_rmse_mev_per_a", "energy_mae_mev", "energy_rmse_mev",
-               "energy_mae_mev_per_atom")
+    metrics = (
+        "forces_mae_mev_per_a",
+        "forces_rmse_mev_per_a",
+        "energy_mae_mev",
+        "energy_rmse_mev",
+        "energy_mae_mev_per_atom",
+    )
     defaults = {"epochs": 40, "batch_size": 5, "train_size": 50, "patience": 15}
     options = (
         Option("molecule", str, "ethanol", "molecule of the rMD17 folder to adapt to"),
         Option("split", int, 1, "which rMD17 split (index_{train,test}_0K.csv, K = 1..5)"),
-        Option("e0s", str, "fit", "isolated-atom energies E0 at the new level of theory: 'fit' (the data "
-               "card's isolated-atom energies corrected by least squares on the training frames) or a JSON "
-               "file {element: eV} used as is"),
+        Option(
+            "e0s",
+            str,
+            "fit",
+            "isolated-atom energies E0 at the new level of theory: 'fit' (the data "
+            "card's isolated-atom energies corrected by least squares on the training frames) or a JSON "
+            "file {element: eV} used as is",
+        ),
         Option("energy_weight", float, 1.0, "weight of the per-atom energy error in the loss"),
         Option("forces_weight", float, 1000.0, "weight of the force error in the loss"),
     )
 
     def __init__(self, **options: Any):
         super().__init__(**options)
-        self._loss = WeightedEnergyForcesLoss(energy_weight=self.config["energy_weight"],
-                                              forces_weight=self.config["forces_weight"])
+        self._loss = WeightedEnergyForcesLoss(
+            energy_weight=self.config["energy_weight"], forces_weight=self.config["forces_weight"]
+        )
 
     # -- data and model --------------------------------------------------------------------------
     def read(self, data: str | Path | None, seed: int = 0) -> LabelledSet:
@@ -116,16 +128,19 @@ class Rmd17(Task):
     def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
         return load_mace(source, trust_checkpoint=trust_checkpoint)
 
-    def prepare(self, model: nn.Module, raw: LabelledSet, train_size: int, val_size: int, seed: int
-                ) -> tuple[TaskData, dict[str, Any]]:
+    def prepare(
+        self, model: nn.Module, raw: LabelledSet, train_size: int, val_size: int, seed: int
+    ) -> tuple[TaskData, dict[str, Any]]:
         check_elements(raw.frames, atomic_numbers_of(model), raw.source)
         available = len(raw.train_indices)
         if train_size + val_size > available:
-            raise UserError(f"{raw.source}: the training split has {available} frames; --train-size {train_size} "
-                            f"plus {val_size} validation frames do not fit (lower --train-size)")
+            raise UserError(
+                f"{raw.source}: the training split has {available} frames; --train-size {train_size} "
+                f"plus {val_size} validation frames do not fit (lower --train-size)"
+            )
         order = np.random.default_rng(seed).permutation(raw.train_indices)
         train = [raw.frames[i] for i in order[:train_size]]
-        val = [raw.frames[i] for i in order[train_size:train_size + val_size]]
+        val = [raw.frames[i] for i in order[train_size : train_size + val_size]]
         test = [raw.frames[i] for i in raw.test_indices]
         zs, r_max = atomic_numbers_of(model), float(model.r_max)
         train_graphs = to_graphs(train, zs, r_max)
@@ -137,8 +152,11 @@ class Rmd17(Task):
             e0s = read_e0s_file(self.config["e0s"], needed)
             e0s = {z: e0s.get(z, float(e)) for z, e in zip(zs, model.atomic_energies_fn.atomic_energies.reshape(-1))}
         set_atomic_energies(model, e0s)
-        summary = {"source": raw.source, "molecule": self.config["molecule"] if raw.source.endswith(".npz") else None,
-                   "frames": {"train": len(train), "val": len(val), "test": len(test)}}
+        summary = {
+            "source": raw.source,
+            "molecule": self.config["molecule"] if raw.source.endswith(".npz") else None,
+            "frames": {"train": len(train), "val": len(val), "test": len(test)},
+        }
         data = TaskData(train_graphs, to_graphs(val, zs, r_max), to_graphs(test, zs, r_max), raw.source, summary)
         return data, {"e0s_ev": {str(z): e for z, e in e0s.items()}}
 
@@ -167,13 +185,20 @@ class Rmd17(Task):
         de, df = (energies - ref_energies) * 1000, (forces - ref_forces) * 1000
         metrics = {
             "forces_mae_mev_per_a": float(np.abs(df).mean()),
-            "forces_rmse_mev_per_a": float(np.sqrt((df ** 2).mean())),
+            "forces_rmse_mev_per_a": float(np.sqrt((df**2).mean())),
             "energy_mae_mev": float(np.abs(de).mean()),
-            "energy_rmse_mev": float(np.sqrt((de ** 2).mean())),
+            "energy_rmse_mev": float(np.sqrt((de**2).mean())),
             "energy_mae_mev_per_atom": float(np.abs(de / n_atoms).mean()),
         }
-        return Evaluation(metrics, {"energy_ref_ev": ref_energies, "energy_pred_ev": energies,
-                                    "forces_ref_ev_per_a": ref_forces, "forces_pred_ev_per_a": forces})
+        return Evaluation(
+            metrics,
+            {
+                "energy_ref_ev": ref_energies,
+                "energy_pred_ev": energies,
+                "forces_ref_ev_per_a": ref_forces,
+                "forces_pred_ev_per_a": forces,
+            },
+        )
 
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         return [plots.parity(evaluations, out_dir)]
@@ -187,11 +212,13 @@ class Rmd17(Task):
         counts = {}
         for z in frames[0].atomic_numbers:
             counts[int(z)] = counts.get(int(z), 0) + 1
-        lines = [f"source: {raw.source}",
-                 f"frames: {len(frames)} (train split {len(raw.train_indices)}, test split {len(raw.test_indices)})",
-                 f"atoms per frame: {len(frames[0].atomic_numbers)} (first frame; atomic numbers {counts})",
-                 f"energy: mean {energies.mean():.4f} eV, spread (std) {energies.std() * 1000:.1f} meV",
-                 f"forces: mean |F| component {np.abs(forces).mean() * 1000:.1f} meV/Å, max {np.abs(forces).max():.3f} eV/Å"]
+        lines = [
+            f"source: {raw.source}",
+            f"frames: {len(frames)} (train split {len(raw.train_indices)}, test split {len(raw.test_indices)})",
+            f"atoms per frame: {len(frames[0].atomic_numbers)} (first frame; atomic numbers {counts})",
+            f"energy: mean {energies.mean():.4f} eV, spread (std) {energies.std() * 1000:.1f} meV",
+            f"forces: mean |F| component {np.abs(forces).mean() * 1000:.1f} meV/Å, max {np.abs(forces).max():.3f} eV/Å",
+        ]
         return "\n".join(lines)
 
     def pretrain(self, out: Path, **kwargs: Any) -> str:
@@ -200,8 +227,23 @@ class Rmd17(Task):
         errors = pretrain(out, **kwargs)
         return f"wrote {out} (+ {Path(out).with_suffix('.json').name}); validation errors {errors}"
 
-    def generate(self, out: Path, **kwargs: Any) -> str:
-        from workbench.domains.atomistic.generate import generate_rmd17
+    def generate(
+        self,
+        out: Path,
+        molecules: Sequence[str] | None = None,
+        n_frames: int = 20,
+        level: str = "dft",
+        temperature_k: float = 500.0,
+        seed: int = 2026,
+        corpus: bool = False,
+    ) -> str:
+        """rMD17-layout target data (xTB MD, labels at ``level``), or with ``corpus`` the xTB pretraining corpus."""
+        from workbench.domains.atomistic import generate
 
-        generate_rmd17(out, **kwargs)
-        return f"wrote rMD17-layout data to {out}"
+        if corpus:
+            generate.generate_foundation_corpus(out, molecules=molecules, frames_per_molecule=n_frames, seed=seed)
+            return f"wrote the GFN2-xTB corpus to {out}"
+        generate.generate_rmd17(
+            out, molecules or ["ethanol"], n_frames, level=level, temperature_k=temperature_k, seed=seed
+        )
+        return f"wrote rMD17-layout data ({level}) to {out}"
