@@ -118,8 +118,10 @@ def test_killed_run_resumes_to_the_same_numbers(tiny_rmd17, tmp_path):
     workbench(*args, "--out", str(interrupted), "--resume")
     whole = json.loads((tmp_path / "whole" / "metrics.json").read_text())
     resumed = json.loads((interrupted / "metrics.json").read_text())
-    for key in ("before", "after", "baselines"):
-        assert resumed[key] == pytest.approx(whole[key], rel=1e-10), key
+    pairs = [(resumed["before"], whole["before"]), (resumed["after"], whole["after"])]
+    pairs += [(resumed["baselines"][name], whole["baselines"][name]) for name in whole["baselines"]]
+    for got, expected in pairs:
+        assert got == pytest.approx(expected, rel=1e-10)
 
 
 @pytest.mark.slow
