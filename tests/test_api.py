@@ -5,16 +5,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ase import Atoms
-
-import workbench
 from workbench.domains.atomistic.task import Rmd17
 from workbench.models.mace import calculator
+
+import workbench
 
 
 @pytest.mark.slow
 def test_adapt_returns_a_run_whose_model_reproduces_its_metrics(tiny_rmd17, tmp_path):
-    run = workbench.adapt(domain="rmd17", method="elora", baselines=["readout"], data=str(tiny_rmd17), epochs=2,
-                          train_size=10, val_size=5, out=str(tmp_path / "run"), quiet=True, method_options={"rank": 4})
+    run = workbench.adapt(
+        domain="rmd17",
+        method="elora",
+        baselines=["readout"],
+        data=str(tiny_rmd17),
+        epochs=2,
+        train_size=10,
+        val_size=5,
+        out=str(tmp_path / "run"),
+        quiet=True,
+        method_options={"rank": 4},
+    )
     assert run.metrics["method"] == "elora" and set(run.metrics["baselines"]) == {"readout"}
     assert run.config.method_options == {"rank": 4, "alpha": 16.0}
     assert {"metrics.json", "adapter.safetensors", "report.md"} <= set(run.paths)

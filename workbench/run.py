@@ -199,7 +199,8 @@ def _adapt_steps(
             resume,
             rank,
             progress=not quiet,
-            task_state=task_state if chosen else None,
+            task_state=task_state,
+            save_adapter=chosen,
         )
     metrics = _metrics(config, data, before, results)
     if rank == 0:
@@ -298,12 +299,13 @@ def _run_method(
     resume: bool,
     rank: int,
     progress: bool,
-    task_state: dict[str, Any] | None,
+    task_state: dict[str, Any],
+    save_adapter: bool,
 ) -> tuple[dict[str, Any], Evaluation]:
     """Train one method on a copy of ``base``; reuse its saved result when resuming.
 
-    With a ``task_state`` (the chosen method), the adapter is written too, before the result that
-    marks the method finished.
+    With ``save_adapter`` (the chosen method) the adapter is written too, before the result that marks
+    the method finished.
     """
     saved = _load_result(out_dir, name)
     if saved is not None:
@@ -336,6 +338,7 @@ def _run_method(
         label=name,
     )
     history = trainer.fit(resume=resume)
+    task_state = task.refit(model, data) or task_state
     evaluation = task.evaluate(model, data.test, device)
     result = {
         "metrics": evaluation.metrics,
@@ -347,10 +350,11 @@ def _run_method(
         "epochs": len(history),
         "best_epoch": trainer.best["epoch"],
         "peak_memory_bytes": _peak_memory_bytes(device),
+        "task_state": task_state,
         "history": history,
     }
     if rank == 0:
-        if task_state is not None:
+        if save_adapter:
             _save_adapter(out_dir, method, model, task_state)
         _save_result(out_dir, name, result, evaluation)
     return result, evaluation
@@ -392,7 +396,7 @@ def _metrics(
 ) -> dict[str, Any]:
     chosen = results[config.method]
     costs = {
-        name: {key: value for key, value in result.items() if key not in ("metrics", "history")}
+        name: {key: value for key, value in result.items() if key not in ("metrics", "history", "task_state")}
         for name, result in results.items()
     }
     return {

@@ -78,6 +78,11 @@ class Task:
         """Fit the model's data-dependent constants (returned as a JSON-able task state) and make samples."""
         raise NotImplementedError
 
+    def refit(self, model: nn.Module, data: TaskData) -> dict[str, Any] | None:
+        """After training: re-fit data-dependent constants on the training samples; the new task state
+        (None: unchanged)."""
+        return None
+
     def test_samples(self, model: nn.Module, raw: Any) -> Sequence[Any]:
         """Samples of the test split of ``raw`` (as returned by ``read``) for ``model``."""
         raise NotImplementedError

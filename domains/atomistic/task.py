@@ -24,7 +24,7 @@ import torch
 from mace.modules import WeightedEnergyForcesLoss
 from torch import nn
 from workbench.domains.atomistic import plots
-from workbench.domains.atomistic.frames import Frame, check_elements, collate, predict, to_graphs
+from workbench.domains.atomistic.frames import check_elements, collate, predict, to_graphs
 from workbench.domains.atomistic.readers import LabelledSet, read_extxyz_set, read_rmd17
 from workbench.models.mace import atomic_numbers_of, load_mace, set_atomic_energies
 
@@ -39,22 +39,21 @@ EMBEDDED = Path(__file__).parent / "embedded" / "rmd17"
 _ELEMENT_NUMBERS = {"H": 1, "C": 6, "N": 7, "O": 8, "F": 9, "P": 15, "S": 16, "Cl": 17}
 
 
-def fit_atomic_energies(
-    model: nn.Module, frames: Sequence[Frame], graphs: Sequence[Any], prior_ev: Mapping[int, float]
-) -> dict[int, float]:
-    """E0 per element [eV]: ``prior + Δ`` with Δ the least-squares fit of ``E_ref − E_interaction(model) − Σ prior``.
+def fit_atomic_energies(model: nn.Module, graphs: Sequence[Any], prior_ev: Mapping[int, float]) -> dict[int, float]:
+    """E0 per element [eV]: ``prior + Δ``, Δ the least-squares fit of ``E_ref − E_interaction(model) − Σ prior``.
 
-    Δ is the minimum-norm solution over element counts, so when the frames share one composition (a
-    single rMD17 molecule, where only the sum over the molecule is determined) the E0s stay as close
-    as possible to the prior — the isolated-atom energies of the data's level of theory when its card
-    gives them. Elements absent from ``frames`` keep their prior.
+    ``graphs`` are labelled MACE graphs. Δ is the minimum-norm solution over element counts, so when the
+    frames share one composition (a single rMD17 molecule, where only the sum over the molecule is
+    determined) the E0s stay as close as possible to the prior — the isolated-atom energies of the data's
+    level of theory when its card gives them. Elements absent from ``graphs`` keep their prior.
     """
     zs = atomic_numbers_of(model)
     e0_now = model.atomic_energies_fn.atomic_energies.detach().cpu().numpy().reshape(-1)
     prior = np.array([prior_ev.get(z, float(e0)) for z, e0 in zip(zs, e0_now)])
-    counts = np.array([[np.count_nonzero(f.atomic_numbers == z) for z in zs] for f in frames], dtype=np.float64)
+    counts = np.stack([g.node_attrs.sum(dim=0).numpy() for g in graphs])  # one-hot rows in the model's z order
     predicted, _ = predict(model, graphs)
-    residual = np.array([f.energy_ev for f in frames]) - (predicted - counts @ e0_now) - counts @ prior
+    reference = np.array([float(g.energy) for g in graphs])
+    residual = reference - (predicted - counts @ e0_now) - counts @ prior
     present = counts.sum(axis=0) > 0
     correction = np.zeros(len(zs))
     correction[present] = np.linalg.lstsq(counts[:, present], residual, rcond=None)[0]
@@ -146,7 +145,7 @@ class Rmd17(Task):
         train_graphs = to_graphs(train, zs, r_max)
         if self.config["e0s"] == "fit":
             prior = {_ELEMENT_NUMBERS[k]: v for k, v in raw.isolated_atom_energies_ev.items()}
-            e0s = fit_atomic_energies(model, train, train_graphs, prior)
+            e0s = fit_atomic_energies(model, train_graphs, prior)
         else:
             needed = sorted({int(z) for f in raw.frames for z in f.atomic_numbers})
             e0s = read_e0s_file(self.config["e0s"], needed)
@@ -159,6 +158,19 @@ class Rmd17(Task):
         }
         data = TaskData(train_graphs, to_graphs(val, zs, r_max), to_graphs(test, zs, r_max), raw.source, summary)
         return data, {"e0s_ev": {str(z): e for z, e in e0s.items()}}
+
+    def refit(self, model: nn.Module, data: TaskData) -> dict[str, Any] | None:
+        """With ``--e0s fit``, re-fit the E0s on the training frames after training.
+
+        A force-dominated loss leaves the energy zero almost unconstrained, so training lets it drift;
+        the same least-squares fit as before training (now starting from the current E0s) puts it back.
+        """
+        if self.config["e0s"] != "fit":
+            return None
+        current = atomic_numbers_of(model), model.atomic_energies_fn.atomic_energies.detach().reshape(-1).tolist()
+        e0s = fit_atomic_energies(model, data.train, dict(zip(*current)))
+        set_atomic_energies(model, e0s)
+        return {"e0s_ev": {str(z): e for z, e in e0s.items()}}
 
     def test_samples(self, model: nn.Module, raw: LabelledSet) -> list[Any]:
         check_elements(raw.frames, atomic_numbers_of(model), raw.source)
