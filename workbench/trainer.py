@@ -116,6 +116,7 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.best: dict[str, Any] = {"val_loss": float("inf"), "epoch": -1, "state": None}
         self.stopped = False
+        self._val_batches: list[tuple[Any, int]] | None = None
         if self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -152,12 +153,11 @@ class Trainer:
     def validation_loss(self) -> float:
         """Mean loss over the validation samples with the current (EMA) weights."""
         self.model.eval()
-        total = 0.0
-        size = self.settings.batch_size
-        for start in range(0, len(self.val_samples), size):
-            samples = self.val_samples[start : start + size]
-            loss = self.loss_fn(self.model, self.collate(samples, self.device), False)
-            total += loss.item() * len(samples)
+        if self._val_batches is None:  # the same batches every epoch: collate them once
+            size = self.settings.batch_size
+            chunks = [self.val_samples[start : start + size] for start in range(0, len(self.val_samples), size)]
+            self._val_batches = [(self.collate(chunk, self.device), len(chunk)) for chunk in chunks]
+        total = sum(self.loss_fn(self.model, batch, False).item() * n for batch, n in self._val_batches)
         return total / len(self.val_samples)
 
     # -- checkpoints -----------------------------------------------------------------------------
