@@ -157,11 +157,13 @@ def _list() -> str:
     from workbench.datacard import load_card
     from workbench.registry import methods, models, tasks
 
-    def card_line(name: str | None) -> str:
-        return f"\n{'':14}card: {name} — {load_card(name).title}" if name else ""
+    def card_line(name: str | None, label: str = "card") -> str:
+        return f"\n{'':14}{label}: {name} — {load_card(name).title}" if name else ""
 
     lines = ["tasks:"]
-    lines += [f"  {name:12}{cls.description}{card_line(cls.card)}" for name, cls in tasks.items()]
+    for name, cls in tasks.items():
+        reads = "".join(card_line(card, "also reads") for card in cls.reads)
+        lines.append(f"  {name:12}{cls.description}{card_line(cls.card)}{reads}")
     lines += ["models:"]
     lines += [f"  {name:12}{cls.description}{card_line(cls.card)}" for name, cls in models.items()]
     lines += ["methods:"]

@@ -46,6 +46,8 @@ class Task:
     description: ClassVar[str]
     #: Data card of the embedded default data (``data_cards/<card>.yaml``).
     card: ClassVar[str]
+    #: Cards of the published datasets the task also reads from a user's path.
+    reads: ClassVar[tuple[str, ...]] = ()
     #: Name of the model family (in `workbench.registry.models`) this task adapts.
     model_family: ClassVar[str]
     default_method: ClassVar[str]

@@ -83,6 +83,7 @@ class Rmd17(Task):
     name = "rmd17"
     description = "Fine-tune a MACE foundation potential (GFN2-xTB) on PBE/def2-SVP frames of a molecule, rMD17 layout"
     card = "rmd17-embedded"
+    reads = ("rmd17",)
     model_family = "mace"
     default_method = "elora"
     baselines = ("full", "readout", "mace-lora")
