@@ -161,8 +161,10 @@ def main() -> None:
     for name, values in rows.items():
         print(f"{name:16}{np.median(values):18.3f}{values.min():8.3f}{values.max():8.3f}")
     paired = rows["workbench"] / rows["mace_run_train"]
-    print(f"ratio workbench / mace_run_train per repeat: {', '.join(f'{r:.3f}' for r in paired)}; "
-          f"median {np.median(paired):.3f} (target <= 1.0)")
+    print(
+        f"ratio workbench / mace_run_train per repeat: {', '.join(f'{r:.3f}' for r in paired)}; "
+        f"median {np.median(paired):.3f} (target <= 1.0)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from e3nn import o3
 from mace import modules
 from torch import nn
 
-from workbench.checkpoint import load_tensors, save_tensors, write_json
+from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
 from workbench.errors import UserError
 from workbench.model import ModelFamily
 from workbench.registry import models
@@ -152,19 +152,7 @@ def _load_safetensors(path: Path) -> nn.Module:
             f"{config_path}: field 'hparams': expected a JSON object of MACE hyper-parameters ({error})"
         ) from None
     model = build_mace(hparams)
-    expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise UserError(
-            f"{path}: weights do not fit the hyper-parameters in {config_path.name} "
-            f"({len(expected) - len(missing)} of {len(expected)} tensors matched; "
-            f"missing {missing[:3]}, unexpected {unexpected[:3]})"
-        )
-    for name, value in state.items():
-        if expected[name].shape != value.shape:
-            raise UserError(
-                f"{path}: tensor '{name}': expected shape {tuple(expected[name].shape)}, found {tuple(value.shape)}"
-            )
+    check_state_fits(model.state_dict(), state, path, f"weights do not fit the hyper-parameters in {config_path.name}")
     model.load_state_dict(state)
     return model
 

@@ -90,3 +90,24 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(
             f"{path}: damaged training checkpoint ({error}); delete it to start that method afresh"
         ) from None
+
+
+def check_state_fits(
+    expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], source: str | Path, what: str
+) -> None:
+    """Every tensor of ``expected`` is in ``state`` with the same shape, and nothing else is.
+
+    The message counts the matches and names the first mismatches (a state that loads "0 of 99" tensors
+    is an error here, never a silent partial load).
+    """
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise UserError(
+            f"{source}: {what} ({len(expected) - len(missing)} of {len(expected)} tensors matched; "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    for name, value in state.items():
+        if expected[name].shape != value.shape:
+            raise UserError(
+                f"{source}: tensor '{name}': expected shape {tuple(expected[name].shape)}, found {tuple(value.shape)}"
+            )

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 from torch import nn
 
-from workbench.errors import UserError
+from workbench.checkpoint import check_state_fits
 from workbench.options import Option, resolve_options
 
 
@@ -48,20 +48,9 @@ class Method:
     ) -> None:
         """Load a state from `trainable_state` into a prepared model; every key must match."""
         params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
-        if missing or unexpected:
-            raise UserError(
-                f"{source}: adapter state does not fit this model and method '{self.name}' "
-                f"({len(state) - len(unexpected)} of {len(params)} tensors matched; "
-                f"missing {missing[:3]}, unexpected {unexpected[:3]})"
-            )
+        check_state_fits(params, state, source, f"adapter state does not fit this model and method '{self.name}'")
         with torch.no_grad():
             for name, value in state.items():
-                if params[name].shape != value.shape:
-                    raise UserError(
-                        f"{source}: tensor '{name}': expected shape {tuple(params[name].shape)}, "
-                        f"found {tuple(value.shape)}"
-                    )
                 params[name].copy_(value)
 
 
