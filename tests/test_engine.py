@@ -99,3 +99,19 @@ def test_importing_the_atomistic_stack_keeps_torch_load_safe():
 
     calculator(small_mace())
     assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ
+
+
+def test_every_card_is_complete_and_every_plugin_card_exists():
+    from importlib import resources
+
+    names = [p.name[:-5] for p in resources.files("workbench.data_cards").iterdir() if p.name.endswith(".yaml")]
+    assert names
+    for name in names:
+        card = load_card(name)
+        assert card.name == name
+        for key in ("title", "description", "format", "source", "license", "citation"):
+            assert card.content.get(key), f"card {name} lacks '{key}'"
+    for _, cls in tasks.items():
+        assert cls.card in names and set(cls.reads) <= set(names)
+    for _, cls in models.items():
+        assert cls.card in names
