@@ -6,16 +6,17 @@ is at or below full fine-tuning's at low data. Every (train size, seed) is one `
 this process, so all four methods see the same frames, validation set and foundation model.
 
     python benchmarks/elora_vs_baselines.py                       # 50 and 200 frames, seeds 0 1 2
-    python benchmarks/elora_vs_baselines.py --train-sizes 50 --seeds 0 --epochs 10   # a quick look
+    python benchmarks/elora_vs_baselines.py --train-sizes 50 --seeds 0 --epochs 10 --runs /tmp/quick  # a quick look
 
-Prints a table (mean ± standard deviation over seeds) and writes the raw numbers as JSON.
+Each (train size, seed) run is a run directory under ``--runs``; one that is already complete there is
+reused, so an interrupted benchmark continues where it stopped. Prints a table (mean ± standard
+deviation over seeds) and writes the raw numbers as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -31,41 +32,43 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--molecule", default="ethanol")
+    parser.add_argument("--runs", default="runs/benchmark-elora", help="folder of the run directories")
     parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "elora_vs_baselines.json"))
     args = parser.parse_args()
 
     records = []
-    with tempfile.TemporaryDirectory() as scratch:
-        for size in args.train_sizes:
-            for seed in args.seeds:
-                run = workbench.adapt(
+    for size in args.train_sizes:
+        for seed in args.seeds:
+            out = Path(args.runs) / f"{args.molecule}-{size}-{seed}"
+            if (out / "metrics.json").is_file():  # finished earlier: reuse
+                metrics = json.loads((out / "metrics.json").read_text())
+            else:
+                metrics = workbench.adapt(
                     domain="rmd17",
                     method="elora",
                     baselines=list(METHODS[1:]),
                     train_size=size,
                     seed=seed,
                     epochs=args.epochs,
-                    out=f"{scratch}/{size}-{seed}",
+                    out=str(out),
                     quiet=True,
+                    resume=out.exists(),
                     molecule=args.molecule,
+                ).metrics
+            costs = ("trainable_parameters", "seconds_per_epoch", "epochs", "best_epoch")
+            for method in METHODS:
+                values = metrics["after"] if method == "elora" else metrics["baselines"][method]
+                records.append(
+                    {
+                        "train_size": size,
+                        "seed": seed,
+                        "method": method,
+                        **values,
+                        **{k: metrics["costs"][method][k] for k in costs},
+                    }
                 )
-                metrics = run.metrics
-                for method in METHODS:
-                    values = metrics["after"] if method == "elora" else metrics["baselines"][method]
-                    records.append(
-                        {
-                            "train_size": size,
-                            "seed": seed,
-                            "method": method,
-                            **values,
-                            **{
-                                k: metrics["costs"][method][k]
-                                for k in ("trainable_parameters", "seconds_per_epoch", "epochs", "best_epoch")
-                            },
-                        }
-                    )
-                records.append({"train_size": size, "seed": seed, "method": "before", **metrics["before"]})
-                print(f"done: {size} frames, seed {seed}", flush=True)
+            records.append({"train_size": size, "seed": seed, "method": "before", **metrics["before"]})
+            print(f"done: {size} frames, seed {seed}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(
         json.dumps({"molecule": args.molecule, "epochs": args.epochs, "records": records}, indent=1)
