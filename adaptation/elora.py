@@ -48,7 +48,7 @@ from e3nn.nn._fc import _Layer as RadialLayer
 from torch import nn
 from torch.nn.utils import parametrize
 
-from workbench.checkpoint import load_tensors, save_tensors, write_json
+from workbench.checkpoint import load_tensors, read_metadata, save_tensors
 from workbench.errors import UserError
 from workbench.method import Method
 from workbench.options import Option
@@ -199,31 +199,23 @@ def merge(model: nn.Module) -> nn.Module:
     return model
 
 
-def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors ELoRA owns: every ``A``/``B`` and the lower-order weights it trains, by name."""
-    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
-
-
 def save_adapter(model: nn.Module, path: str | Path) -> None:
-    """Write the adapter (``.safetensors``) and its configuration (``.json`` beside it)."""
-    path = Path(path)
+    """Write the adapter alone: its tensors (every ``A``/``B`` and the lower-order weights it trains) in
+    one safetensors file whose metadata holds rank, alpha and ``train_lower_order``."""
     config = getattr(model, "_elora_config", None)
     if config is None:
         raise UserError("this model carries no ELoRA adapter (call elora.apply first)")
-    save_tensors(path, adapter_state(model), metadata={"method": "elora", "config": json.dumps(config)})
-    write_json(path.with_suffix(".json"), {"method": "elora", **config})
+    save_tensors(path, ELoRA().trainable_state(model), metadata={"method": "elora", "config": json.dumps(config)})
 
 
 def load_adapter(model: nn.Module, path: str | Path) -> nn.Module:
-    """Apply ELoRA to a base ``model`` with the saved configuration and load the saved adapter into it."""
-    path = Path(path)
-    state = load_tensors(path)
-    config_path = path.with_suffix(".json")
-    if not config_path.is_file():
-        raise UserError(f"{config_path}: missing; it holds the adapter's rank and alpha")
-    config = json.loads(config_path.read_text())
+    """Apply ELoRA to a base ``model`` with the configuration saved in ``path`` and load the adapter into it."""
+    metadata = read_metadata(path)
+    if metadata.get("method") != "elora" or "config" not in metadata:
+        raise UserError(f"{path}: not an ELoRA adapter (its metadata names method {metadata.get('method')!r})")
+    config = json.loads(metadata["config"])
     apply(model, rank=config["rank"], alpha=config["alpha"], train_lower_order=config["train_lower_order"])
-    ELoRA().load_trainable_state(model, state, source=path)
+    ELoRA().load_trainable_state(model, load_tensors(path), source=path)
     return model
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from workbench.errors import UserError
@@ -65,15 +66,29 @@ def save_tensors(
 
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a safetensors file; a missing or corrupt file is a `UserError` naming it."""
+    return _read_safetensors(path, load_file)
+
+
+def _read_safetensors(path: str | Path, read):
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     try:
-        return load_file(str(path))
+        return read(str(path))
     except Exception as error:  # safetensors raises several kinds for a damaged header or body
         raise UserError(
             f"{path}: not a readable safetensors file ({error}); the file is damaged or of another format"
         ) from None
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata of a safetensors file (what wrote it, with which configuration)."""
+
+    def read(name: str) -> dict[str, str]:
+        with safe_open(name, framework="pt") as handle:
+            return dict(handle.metadata() or {})
+
+    return _read_safetensors(path, read)
 
 
 def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> None:
