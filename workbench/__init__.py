@@ -6,8 +6,12 @@
 """
 
 import os
+import warnings
 
 import torch
+
+# e3nn's and mace-torch's modules trip a TorchScript annotation warning on every import: pure noise.
+warnings.filterwarnings("ignore", message="The TorchScript type system", category=UserWarning)
 
 # mace-torch sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 when it is imported, which silently turns every later
 # torch.load without an explicit weights_only into a full unpickle. Import its (tiny) package first and take

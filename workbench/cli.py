@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -237,7 +236,6 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: user errors print one line and exit 2, without a traceback."""
-    warnings.filterwarnings("ignore", message="The TorchScript type system")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     from workbench.errors import UserError
 
