@@ -22,6 +22,9 @@ EXAMPLES = """examples:
   workbench data info rmd17
   workbench data check rmd17 --data ~/rmd17 --molecule aspirin
   workbench data generate rmd17 --out my_rmd17 --molecules ethanol --frames 20 --level dft
+  workbench adapt --domain features --method warmpot      # partial DA: a target site lacking classes
+  workbench adapt --domain features --method dre-pp       # covariate shift: importance weights
+  workbench data generate features --out my_problem --problem partial-da
   workbench list
 """
 
@@ -92,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--out", help="run directory (default: runs/<task>-<method>-<time>)")
     adapt.add_argument("--epochs", type=int, help="maximum epochs (early stopping on validation may end sooner)")
     adapt.add_argument("--train-size", type=int, help="training samples drawn from the training split")
-    adapt.add_argument("--val-size", type=int, help="validation samples (default: max(10, train-size / 5))")
+    adapt.add_argument("--val-size", type=int, help="validation samples (default: the task's or max(10, train-size/5))")
     adapt.add_argument("--batch-size", type=int, help="samples per step (per process under torchrun)")
     adapt.add_argument(
         "--patience", type=int, help="epochs without validation improvement before stopping (default 15)"
@@ -128,19 +131,25 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("task")
         sub.add_argument("--data", required=action == "check")
         _add_plugin_options(sub, "task")
-    generate = data_commands.add_parser("generate", help="generate data with real simulators (xTB, DFT)")
+    generate = data_commands.add_parser(
+        "generate", help="generate data with real simulators (xTB, DFT) or known ground truth (features)"
+    )
     generate.add_argument("task")
     generate.add_argument("--out", required=True, help="output folder")
-    generate.add_argument("--molecules", help="comma-separated molecules (default: ethanol; for --corpus the G2 set)")
-    generate.add_argument("--frames", type=int, default=20, help="frames per molecule (default 20)")
+    generate.add_argument(
+        "--molecules", help="[rmd17] comma-separated molecules (default: ethanol; for --corpus the G2 set)"
+    )
+    generate.add_argument("--frames", type=int, help="[rmd17] frames per molecule (default 20)")
     generate.add_argument(
         "--corpus",
         action="store_true",
-        help="write the GFN2-xTB pretraining corpus (one extxyz file) instead of target data",
+        default=None,
+        help="[rmd17] write the GFN2-xTB pretraining corpus (one extxyz file) instead of target data",
     )
-    generate.add_argument("--level", default="dft", choices=["dft", "xtb"], help="labels: PBE/def2-SVP or GFN2-xTB")
-    generate.add_argument("--temperature", type=float, default=500.0, help="MD temperature [K] (default 500)")
-    generate.add_argument("--seed", type=int, default=2026)
+    generate.add_argument("--level", choices=["dft", "xtb"], help="[rmd17] labels: PBE/def2-SVP (default) or GFN2-xTB")
+    generate.add_argument("--temperature", type=float, help="[rmd17] MD temperature [K] (default 500)")
+    generate.add_argument("--seed", type=int, help="seed of the generator (default: the task's own)")
+    _add_plugin_options(generate, "task")
 
     pretrain = commands.add_parser("pretrain", help="train the task's shipped foundation model from scratch")
     pretrain.add_argument("--domain", required=True)
@@ -166,7 +175,7 @@ def _list() -> str:
     lines += ["models:"]
     lines += [f"  {name:12}{cls.description}{card_line(cls.card)}" for name, cls in models.items()]
     lines += ["methods:"]
-    lines += [f"  {name:12}{cls.description}" for name, cls in methods.items()]
+    lines += [f"  {name:15}{cls.description}" for name, cls in methods.items()]
     return "\n".join(lines)
 
 
@@ -211,18 +220,16 @@ def run(argv: Sequence[str] | None = None) -> int:
     elif args.command == "data":
         task_cls = tasks.get(args.task)
         if args.data_command == "generate":
-            molecules = args.molecules.split(",") if args.molecules else None
-            print(
-                task_cls().generate(
-                    Path(args.out),
-                    molecules=molecules,
-                    n_frames=args.frames,
-                    level=args.level,
-                    temperature_k=args.temperature,
-                    seed=args.seed,
-                    corpus=args.corpus,
-                )
-            )
+            given = {
+                "molecules": args.molecules.split(",") if args.molecules else None,
+                "n_frames": args.frames,
+                "corpus": args.corpus,
+                "level": args.level,
+                "temperature_k": args.temperature,
+                "seed": args.seed,
+            }
+            task = task_cls(**_given_options(args, "task", args.task, task_cls.options))
+            print(_call_generate(task, Path(args.out), {k: v for k, v in given.items() if v is not None}))
         else:
             task = task_cls(**_given_options(args, "task", args.task, task_cls.options))
             print(task.info(args.data))
@@ -232,6 +239,20 @@ def run(argv: Sequence[str] | None = None) -> int:
         task = tasks.get(args.domain)()
         print(task.pretrain(Path(args.out), epochs=args.epochs, seed=args.seed, device=args.device, quiet=args.quiet))
     return 0
+
+
+def _call_generate(task: Any, out: Path, given: dict[str, Any]) -> str:
+    """``task.generate(out, **given)``, refusing flags the task's generator does not take."""
+    import inspect
+
+    from workbench.errors import UserError
+
+    accepted = inspect.signature(task.generate).parameters
+    flags = {"n_frames": "--frames", "temperature_k": "--temperature"}
+    for name in given:
+        if name not in accepted:
+            raise UserError(f"{flags.get(name, '--' + name)} does not apply to generating data for task '{task.name}'")
+    return task.generate(out, **given)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -38,7 +38,7 @@ class RunConfig:
     patience: int
     #: Decay of the moving average of the trained weights (0: no averaging).
     ema_decay: float
-    #: None: each method's own default learning rate.
+    #: None: each method's own default learning rate (unless the task sets one for all its methods).
     learning_rate: float | None
     seed: int
     device: str
@@ -81,7 +81,8 @@ def resolve_config(
     method = method or task_cls.default_method
     method_cls = methods.get(method)
     warnings = []
-    chosen_baselines = tuple(task_cls.baselines if baselines is None else baselines)
+    profile = task_cls.profile(method)
+    chosen_baselines = tuple(profile.get("baselines", task_cls.baselines) if baselines is None else baselines)
     for name in chosen_baselines:
         methods.get(name)
     if method in chosen_baselines:
@@ -90,7 +91,7 @@ def resolve_config(
     defaults = task_cls.defaults
     epochs = defaults.get("epochs", 40) if epochs is None else epochs
     train_size = defaults.get("train_size", 100) if train_size is None else train_size
-    val_size = max(10, train_size // 5) if val_size is None else val_size
+    val_size = defaults.get("val_size", max(10, train_size // 5)) if val_size is None else val_size
     batch_size = defaults.get("batch_size", 8) if batch_size is None else batch_size
     patience = defaults.get("patience", 15) if patience is None else patience
     for flag, value, low in (
@@ -106,6 +107,7 @@ def resolve_config(
         raise UserError(f"--batch-size {batch_size} is larger than --train-size {train_size}")
     if not 0 <= ema_decay < 1:
         raise UserError(f"--ema-decay must be in [0, 1) (0 turns averaging off), got {ema_decay}")
+    learning_rate = defaults.get("learning_rate") if learning_rate is None else learning_rate
     if learning_rate is not None and learning_rate <= 0:
         raise UserError(f"--lr must be positive, got {learning_rate}")
     if device == "auto":
@@ -119,8 +121,10 @@ def resolve_config(
             f"{model}: a MACE .model file is a full pickle that can run code when loaded; "
             "pass --trust-checkpoint if you trust its origin"
         )
-    task_options = resolve_options(f"task '{domain}'", task_cls.options, dict(task_options or {}))
+    task_options = {**profile.get("options", {}), **(task_options or {})}
+    task_options = resolve_options(f"task '{domain}'", task_cls.options, task_options)
     method_options = resolve_options(f"method '{method}'", method_cls.options, dict(method_options or {}))
+    method_cls(**method_options)  # a method checks its options when built: fail before anything is written
     if out is None:
         out = f"runs/{domain}-{method}-{(now or datetime.now()).strftime('%Y%m%d-%H%M%S')}"
     config = RunConfig(

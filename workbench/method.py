@@ -1,21 +1,33 @@
 """The shape every adaptation method shares.
 
-A method hooks into the run at named points: ``prepare`` (attach adapters, choose what trains),
-``merge`` (fold adapters into plain weights at the end) and the state it owns apart from the base
-model (``trainable_state``, saved as ``adapter.safetensors``). Methods stay usable without the
-trainer, on plain PyTorch modules.
+A method hooks into the run at named points, in this order:
+
+- ``prepare(model)``: attach adapters, choose what trains;
+- ``setup(task, model, data, seed)``: look at the data before training (fit sample weights, keep the
+  unlabelled target samples);
+- ``start_epoch(epoch, epochs)``: schedules that depend on training progress (mass annealing);
+- ``loss(task, model, batch, training)``: the objective (the task's loss unless the method weights
+  samples or adds a term);
+- ``diagnostics(task, model, data)``: extra numbers for ``metrics.json`` after training;
+- ``merge(model)``: fold adapters into plain weights at the end.
+
+The state a method owns apart from the base model (``trainable_state``) is saved as
+``adapter.safetensors``. Methods stay usable without the trainer, on plain PyTorch modules.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import torch
 from torch import nn
 
 from workbench.checkpoint import check_state_fits
 from workbench.options import Option, resolve_options
+
+if TYPE_CHECKING:
+    from workbench.task import Task, TaskData
 
 
 class Method:
@@ -34,6 +46,20 @@ class Method:
     def prepare(self, model: nn.Module) -> nn.Module:
         """Attach what the method trains and freeze the rest, in place; returns the model."""
         raise NotImplementedError
+
+    def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
+        """Called once before training, with the prepared model (on its device) and the run's samples."""
+
+    def start_epoch(self, epoch: int, epochs: int) -> None:
+        """Called before each training epoch (0-based ``epoch`` of at most ``epochs``)."""
+
+    def loss(self, task: "Task", model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
+        """The training objective on one batch (scalar); by default the task's own loss."""
+        return task.loss(model, batch, training)
+
+    def diagnostics(self, task: "Task", model: nn.Module, data: "TaskData") -> dict[str, float]:
+        """Numbers about the method itself after training (e.g. where its sample weights went)."""
+        return {}
 
     def merge(self, model: nn.Module) -> nn.Module:
         """Fold adapters into the base weights; returns a plain model (identity for weight-only methods)."""

@@ -47,7 +47,7 @@ def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
 
     rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
     samples = metrics["samples"]
-    title = f"{metrics['task']}: test-split errors ({samples['test']} samples; trained on {samples['train']})"
+    title = f"{metrics['task']}: test split ({samples['test']} samples; trained on {samples['train']})"
     return "\n".join([title, rule, fmt(header), rule, *map(fmt, lines), rule])
 
 
@@ -78,6 +78,7 @@ def markdown(
     metrics: Mapping[str, Any],
     figures: Sequence[tuple[str, str]],
     metric_names: Sequence[str],
+    metrics_note: str = "Errors are on the test split; lower is better.",
 ) -> str:
     """The run's ``report.md``: what was run, the table, the plots, the configuration."""
     header = "| model | " + " | ".join(metric_names) + " | trainable params | s/epoch | epochs (best) |"
@@ -98,7 +99,7 @@ def markdown(
                 f"{cost['epochs']} ({cost['best_epoch'] + 1})"
             )
         lines.append(f"| {label} | " + " | ".join(f"{values[m]:.3f}" for m in metric_names) + f" | {extra} |")
-    lines += ["", "Errors are on the test split; lower is better."]
+    lines += ["", metrics_note]
     for caption, file_name in figures:
         lines += ["", f"## {caption}", "", f"![{caption}]({file_name})"]
     lines += [

@@ -14,6 +14,7 @@ Run directory::
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import os
@@ -66,8 +67,7 @@ class Run:
         metrics = json.loads((path / "metrics.json").read_text())
         adapter = json.loads((path / "adapter.json").read_text())
         task = tasks.get(config.task)(**config.task_options)
-        model = task.load_model(config.model, config.trust_checkpoint)
-        task.restore(model, adapter["task_state"])
+        model = task.rebuild(config.model, config.trust_checkpoint, adapter["task_state"])
         method = methods.get(adapter["method"])(**adapter["options"])
         torch.manual_seed(config.seed)
         method.prepare(model)
@@ -205,7 +205,9 @@ def _adapt_steps(
     metrics = _metrics(config, data, before, results)
     if rank == 0:
         figures = task.figures(evaluations, out_dir) + [report.learning_curves(results, out_dir)]
-        write_text(out_dir / "report.md", report.markdown(config, data, metrics, figures, task.metrics))
+        write_text(
+            out_dir / "report.md", report.markdown(config, data, metrics, figures, task.metrics, task.metrics_note)
+        )
         write_json(out_dir / "metrics.json", metrics)  # last: its presence marks the run complete
         _remove_checkpoints(out_dir)
         if not quiet:
@@ -223,12 +225,13 @@ def evaluate(run: str | Path, data: str | None = None, device: str = "auto") -> 
     device = torch.device(
         "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
     )
-    raw = task.read(data if data is not None else config.data, config.seed)
+    source = data if data is not None else config.data
+    raw = task.read(source, config.seed)
     samples = task.test_samples(finished.model, raw)
     evaluation = task.evaluate(finished.model.to(device), samples, device)
     write_json(
-        finished.path / "evaluations" / f"{Path(raw.source).stem}.json",
-        {"data": raw.source, "test_samples": len(samples), "metrics": evaluation.metrics},
+        finished.path / "evaluations" / f"{Path(source).stem if source else 'default-data'}.json",
+        {"data": source or "the task's default data", "test_samples": len(samples), "metrics": evaluation.metrics},
     )
     return evaluation.metrics
 
@@ -325,9 +328,10 @@ def _run_method(
     )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    method.setup(task, model, data, config.seed)
     trainer = Trainer(
         model,
-        task.loss,
+        functools.partial(method.loss, task),
         task.collate,
         data.train,
         data.val,
@@ -336,10 +340,12 @@ def _run_method(
         device=device,
         progress=progress,
         label=name,
+        epoch_start=method.start_epoch,
     )
     history = trainer.fit(resume=resume)
     task_state = task.refit(model, data) or task_state
     evaluation = task.evaluate(model, data.test, device)
+    evaluation.metrics.update(method.diagnostics(task, model, data))
     result = {
         "metrics": evaluation.metrics,
         "learning_rate": settings.learning_rate,

@@ -29,6 +29,9 @@ class TaskData:
     source: str
     #: Facts shown in the report (frame counts, molecule, ...).
     summary: dict[str, Any] = field(default_factory=dict)
+    #: Unlabelled samples of the target domain, for methods that look at the target while training
+    #: (sample weights, alignment terms); None for tasks whose training data already is the target.
+    target: Sequence[Any] | None = None
 
 
 @dataclass
@@ -55,12 +58,24 @@ class Task:
     baselines: ClassVar[tuple[str, ...]] = ()
     #: Metric names, in the order the report shows them; the first is the headline.
     metrics: ClassVar[tuple[str, ...]]
+    #: The sentence under the report's table saying what the numbers are.
+    metrics_note: ClassVar[str] = "Errors are on the test split; lower is better."
     #: Training defaults of this task (`workbench.trainer.TrainSettings` fields and ``train_size``).
     defaults: ClassVar[Mapping[str, Any]] = {}
     options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, **options: Any):
         self.config = resolve_options(f"task '{self.name}'", self.options, options)
+
+    @classmethod
+    def profile(cls, method: str) -> dict[str, Any]:
+        """Defaults that depend on the chosen method: ``{"baselines": (...), "options": {...}}``.
+
+        A task whose methods answer different questions (sample weights for a missing class vs for a
+        covariate shift) picks the matching generated problem and comparison here; what the user gives
+        explicitly always wins.
+        """
+        return {}
 
     # -- data and model --------------------------------------------------------------------------
     def read(self, data: str | Path | None, seed: int) -> Any:
@@ -93,6 +108,13 @@ class Task:
         """Put a task state returned by ``prepare`` back into a freshly loaded model."""
         raise NotImplementedError
 
+    def rebuild(self, source: str | Path | None, trust_checkpoint: bool, state: Mapping[str, Any]) -> nn.Module:
+        """The base model of a finished run: ``load_model`` then ``restore`` (tasks whose model shape depends
+        on the data build it from ``state`` instead)."""
+        model = self.load_model(source, trust_checkpoint)
+        self.restore(model, state)
+        return model
+
     # -- training and scoring --------------------------------------------------------------------
     def collate(self, samples: Sequence[Any], device: torch.device) -> Any:
         raise NotImplementedError
@@ -106,6 +128,33 @@ class Task:
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         """Write the domain's plots into ``out_dir``; returns (caption, file name) pairs."""
         return []
+
+    # -- hooks for shift-correction methods (sample weights, feature alignment) -------------------
+    def sample_losses(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Per-sample training losses, shape (batch,); the mean is ``loss``."""
+        raise UserError(f"task '{self.name}' does not give per-sample losses: sample-weighting methods do not fit it")
+
+    def embed(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features (batch, d), class logits (batch, n_classes)) of a batch, with gradients."""
+        raise UserError(
+            f"task '{self.name}' does not expose features and class logits: alignment methods do not fit it"
+        )
+
+    def batch_labels(self, batch: Any) -> torch.Tensor:
+        """Class labels of a labelled batch, shape (batch,), int64."""
+        raise UserError(f"task '{self.name}' has no class labels")
+
+    def batch_ids(self, batch: Any) -> torch.Tensor:
+        """Ids of a batch's samples (int64, unique within a run), to look up per-sample weights."""
+        raise UserError(f"task '{self.name}' does not number its samples: sample-weighting methods do not fit it")
+
+    def sample_ids(self, samples: Sequence[Any]) -> np.ndarray:
+        """Ids (int64) of samples, as ``batch_ids`` gives them."""
+        raise UserError(f"task '{self.name}' does not number its samples: sample-weighting methods do not fit it")
+
+    def sample_inputs(self, samples: Sequence[Any]) -> np.ndarray:
+        """Input vectors (n, d) of samples, for density-ratio estimation in input space."""
+        raise UserError(f"task '{self.name}' has no input vectors: density-ratio weighting does not fit it")
 
     # -- data commands ---------------------------------------------------------------------------
     def info(self, data: str | Path | None) -> str:

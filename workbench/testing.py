@@ -58,6 +58,7 @@ def assert_rotation_equivariant(energy_forces, positions: torch.Tensor, tol: flo
 
 
 def _max_relative_difference(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    a, b = {k: v.detach() for k, v in a.items()}, {k: v.detach() for k, v in b.items()}
     return max(float(torch.linalg.norm(a[k] - b[k]) / max(torch.linalg.norm(a[k]), 1e-300)) for k in a)
 
 

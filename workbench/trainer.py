@@ -71,6 +71,7 @@ class Trainer:
         device: where batches go.
         progress: show a progress bar (rank 0 only).
         label: names the run in the progress bar and the log.
+        epoch_start: ``epoch_start(epoch, epochs)`` called before each training epoch (schedules).
     """
 
     def __init__(
@@ -85,6 +86,7 @@ class Trainer:
         device: torch.device | str = "cpu",
         progress: bool = True,
         label: str = "train",
+        epoch_start: Callable[[int, int], None] | None = None,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -95,6 +97,7 @@ class Trainer:
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.device = torch.device(device)
         self.label = label
+        self.epoch_start = epoch_start
         self.rank, self.world_size = distributed()
         self.progress = progress and self.rank == 0
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -212,6 +215,8 @@ class Trainer:
         )
         while len(self.history) < self.settings.epochs and not self.stopped:
             epoch = len(self.history)
+            if self.epoch_start is not None:
+                self.epoch_start(epoch, self.settings.epochs)
             start = time.perf_counter()
             train_loss = self._train_epoch(epoch)
             seconds = time.perf_counter() - start

@@ -1,0 +1,1 @@
+"""Feature-vector domains: synthetic problems on plain ``(n_samples, n_features)`` arrays."""

@@ -1,0 +1,99 @@
+"""A multilayer perceptron over fixed feature vectors (users' embeddings, tabular measurements).
+
+``FeatureNet`` standardises its input with stored statistics, maps it through ``hidden`` ReLU layers to
+learned features, and a linear head gives class logits or regression values. With ``hidden=()`` it is
+a linear model (features = standardised inputs), the classic setting of importance weighting under
+covariate shift, where a misspecified model makes *where* it is fitted matter (Shimodaira, 2000).
+
+Checkpoints are safetensors plus a JSON of the architecture (``save_feature_net`` / ``load_feature_net``).
+
+Shapes:
+    x (batch, in_features) → features (batch, hidden[-1] or in_features) → output (batch, n_outputs)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
+from workbench.errors import UserError
+from workbench.model import ModelFamily
+from workbench.registry import models
+
+
+class FeatureNet(nn.Module):
+    """Standardise → ``hidden`` ReLU layers (the learned features) → linear head.
+
+    Args:
+        in_features: input dimension d.
+        n_outputs: classes (logits) or regression targets.
+        hidden: widths of the hidden layers; () makes a linear model.
+    """
+
+    def __init__(self, in_features: int, n_outputs: int, hidden: Sequence[int] = (64, 64)):
+        super().__init__()
+        self.architecture = {"in_features": int(in_features), "n_outputs": int(n_outputs), "hidden": list(hidden)}
+        self.register_buffer("input_mean", torch.zeros(in_features))
+        self.register_buffer("input_scale", torch.ones(in_features))
+        layers: list[nn.Module] = []
+        width = in_features
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            width = size
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(width, n_outputs)
+
+    def set_standardisation(self, mean: torch.Tensor, scale: torch.Tensor) -> None:
+        """Inputs are mapped to ``(x − mean) / scale`` before the first layer."""
+        self.input_mean.copy_(torch.as_tensor(mean, dtype=self.input_mean.dtype))
+        self.input_scale.copy_(torch.as_tensor(scale, dtype=self.input_scale.dtype).clamp_min(1e-12))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Learned features (batch, width) of inputs x (batch, in_features)."""
+        return self.body((x - self.input_mean) / self.input_scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits or values (batch, n_outputs)."""
+        return self.head(self.features(x))
+
+
+def save_feature_net(model: FeatureNet, path: str | Path) -> None:
+    """Weights to ``path`` (.safetensors) and the architecture to the ``.json`` beside it."""
+    path = Path(path)
+    save_tensors(path, {k: v.detach().cpu() for k, v in model.state_dict().items()}, metadata={"model": "mlp"})
+    write_json(path.with_suffix(".json"), model.architecture)
+
+
+def load_feature_net(path: str | Path) -> FeatureNet:
+    """A `FeatureNet` saved by `save_feature_net` (safetensors + the JSON of its architecture)."""
+    path = Path(path)
+    architecture_path = path.with_suffix(".json")
+    if path.suffix != ".safetensors" or not path.is_file() or not architecture_path.is_file():
+        raise UserError(f"{path}: expected an MLP checkpoint (.safetensors with its .json architecture beside it)")
+    try:
+        architecture: Mapping[str, Any] = json.loads(architecture_path.read_text())
+        model = FeatureNet(architecture["in_features"], architecture["n_outputs"], architecture["hidden"])
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise UserError(
+            f"{architecture_path}: expected {{'in_features': int, 'n_outputs': int, 'hidden': [int, ...]}} ({error})"
+        ) from None
+    state = load_tensors(path)
+    check_state_fits(model.state_dict(), state, path, "checkpoint does not fit its architecture")
+    model.load_state_dict(state)
+    return model
+
+
+@models.register
+class MLPFamily(ModelFamily):
+    name = "mlp"
+    description = "Multilayer perceptron over feature vectors (linear model with no hidden layer)"
+
+    def load(self, source: str | Path | None = None, *, trust_checkpoint: bool = False, dtype=torch.float32):
+        if source is None:
+            raise UserError("the mlp family ships no pretrained checkpoint; its tasks train one on the source data")
+        return load_feature_net(source).to(dtype)
