@@ -6,7 +6,7 @@ over uniform weights (plain fine-tuning), close to oracle weights that know the 
 Every seed is one `workbench.adapt` run on a freshly drawn problem (same source-only start for all
 methods): target-test accuracy, balanced accuracy and the share of source weight on absent classes.
 
-    python benchmarks/partial_da_weights.py                 # seeds 0 1 2, 30 epochs
+    python benchmarks/partial_da_weights.py                 # seeds 0 1 2, 60 epochs (the task default)
     python benchmarks/partial_da_weights.py --seeds 0 --epochs 5 --runs /tmp/quick
 """
 
@@ -28,7 +28,7 @@ LABELS = {"full": "uniform (full)"}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--runs", default=None, help="folder for the run directories (default: a temporary one)")
     parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "partial_da_weights.json"))
     args = parser.parse_args()
