@@ -1,0 +1,186 @@
+"""Preprocessing of 12-lead ECGs as H-Tuning prepares them for a pretrained model (all steps configurable).
+
+Source: H-Tuning (ICML 2025, github.com/KAZABANA/H-Tuning, ``datacollection.py``) on the PhysioNet/CinC 2021
+WFDB sets: physical units, Butterworth 1–47 Hz band-pass applied forwards and backwards, per-lead z-score,
+resampling to the model's 500 Hz, then the first 6144 samples, zero-padded at the end when shorter.
+
+For one record ``x`` (n_leads, n) [mV] sampled at ``fs`` [Hz], `preprocess` computes, in this order:
+
+1. band-pass: ``sosfiltfilt(butter(order, [low, high], "bandpass", fs=fs, output="sos"), x)`` — zero phase,
+   so the effective magnitude response is the design's squared (order ``2·order`` overall);
+2. z-score per lead: ``(x − mean) / std`` over the record's own samples (population std; a flat lead is
+   left at zero rather than divided by zero — the readers reject flat leads before this step);
+3. resampling to ``sampling_rate_hz``: ``resample_poly(x, up, down)`` with ``up/down`` the reduced
+   fraction ``fs_out/fs`` (its Kaiser-windowed FIR is the anti-aliasing filter);
+4. crop to ``n_samples`` (from the start, or centred) or pad with zeros at the end. Zeros are the lead
+   mean after step 2; `preprocess` also returns how many samples are real.
+
+Shapes:
+    signal (n_leads, n_samples) [mV in, standard deviations out]; a batch is ``ecg (batch, 12, n_samples)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+from scipy.signal import butter, resample_poly, sosfiltfilt
+
+from workbench.errors import UserError
+
+#: The standard 12 leads in the order every reader returns them (PTB-XL's and CinC 2021's order).
+LEADS: tuple[str, ...] = ("I", "II", "III", "aVR", "aVL", "aVF", "V1", "V2", "V3", "V4", "V5", "V6")
+
+CROPS = ("start", "center")
+
+
+@dataclass(frozen=True)
+class EcgPreprocessing:
+    """How records become model inputs; the defaults are H-Tuning's (500 Hz, 6144 samples, 1–47 Hz).
+
+    Args:
+        sampling_rate_hz: the model's rate [Hz]; None keeps each record's own rate.
+        n_samples: the model's length [samples at ``sampling_rate_hz``]; None keeps each record's length.
+        bandpass_hz: (low, high) cut-offs [Hz] of the Butterworth band-pass; None skips filtering.
+        filter_order: order of the Butterworth design (applied twice by ``sosfiltfilt``).
+        zscore: subtract each lead's mean and divide by its standard deviation.
+        crop: which part of a longer record to keep: ``"start"`` (H-Tuning) or ``"center"``.
+        leads: the leads to return, in this order (names matched case-insensitively: PTB-XL writes AVR).
+    """
+
+    sampling_rate_hz: float | None = 500.0
+    n_samples: int | None = 6144
+    bandpass_hz: tuple[float, float] | None = (1.0, 47.0)
+    filter_order: int = 3
+    zscore: bool = True
+    crop: str = "start"
+    leads: tuple[str, ...] = LEADS
+
+    def __post_init__(self) -> None:
+        if self.sampling_rate_hz is not None and not self.sampling_rate_hz > 0:
+            raise UserError(
+                f"EcgPreprocessing: sampling_rate_hz must be positive (or None), got {self.sampling_rate_hz}"
+            )
+        if self.n_samples is not None and (int(self.n_samples) != self.n_samples or self.n_samples < 1):
+            raise UserError(f"EcgPreprocessing: n_samples must be a positive integer (or None), got {self.n_samples}")
+        if self.bandpass_hz is not None:
+            if len(self.bandpass_hz) != 2 or not 0 < self.bandpass_hz[0] < self.bandpass_hz[1]:
+                raise UserError(
+                    "EcgPreprocessing: bandpass_hz must be (low, high) with 0 < low < high [Hz], "
+                    f"got {self.bandpass_hz}"
+                )
+            object.__setattr__(self, "bandpass_hz", (float(self.bandpass_hz[0]), float(self.bandpass_hz[1])))
+        if int(self.filter_order) != self.filter_order or self.filter_order < 1:
+            raise UserError(f"EcgPreprocessing: filter_order must be a positive integer, got {self.filter_order}")
+        if self.crop not in CROPS:
+            raise UserError(f"EcgPreprocessing: crop must be one of {CROPS}, got {self.crop!r}")
+        if not self.leads or len({lead.lower() for lead in self.leads}) != len(self.leads):
+            raise UserError(f"EcgPreprocessing: leads must be distinct names, got {self.leads}")
+        object.__setattr__(self, "leads", tuple(self.leads))
+
+    def rate_problem(self, fs: float) -> str | None:
+        """Why a record at ``fs`` [Hz] cannot go through these settings (None when it can)."""
+        if not fs > 0:
+            return f"sampling rate {fs} Hz is not positive"
+        if self.bandpass_hz is not None and self.bandpass_hz[1] >= fs / 2:
+            low, high = self.bandpass_hz
+            return (
+                f"sampling rate {fs:g} Hz is too low for the {low:g}–{high:g} Hz band-pass (needs more than "
+                f"{2 * high:g} Hz); lower EcgPreprocessing.bandpass_hz or drop this record"
+            )
+        return None
+
+    def length_problem(self, n: int) -> str | None:
+        """Why a record of ``n`` samples cannot be filtered (None when it can)."""
+        if n < 1:
+            return "no samples"
+        if self.bandpass_hz is not None and n <= _padlen(self.filter_order):
+            needed = _padlen(self.filter_order)
+            return f"{n} samples, too short for the order-{self.filter_order} band-pass (needs more than {needed})"
+        return None
+
+
+def _design(fs: float, band_hz: tuple[float, float], order: int) -> np.ndarray:
+    return butter(order, band_hz, btype="bandpass", fs=fs, output="sos")
+
+
+def _padlen(order: int) -> int:
+    """``sosfiltfilt``'s default edge padding for a band-pass of this order (``order`` sections)."""
+    return 3 * (2 * order + 1)
+
+
+def bandpass(signal: np.ndarray, fs: float, band_hz: tuple[float, float] = (1.0, 47.0), order: int = 3) -> np.ndarray:
+    """Zero-phase Butterworth band-pass along the last axis: ``sosfiltfilt(butter(...), signal)``.
+
+    Shapes: signal (..., n_samples) → (..., n_samples), float64.
+    """
+    return sosfiltfilt(_design(fs, band_hz, order), np.asarray(signal, dtype=np.float64), axis=-1)
+
+
+def zscore(signal: np.ndarray) -> np.ndarray:
+    """Each row minus its mean, divided by its (population) standard deviation; a constant row becomes 0.
+
+    Shapes: signal (n_leads, n_samples) → (n_leads, n_samples).
+    """
+    signal = np.asarray(signal, dtype=np.float64)
+    mean = signal.mean(axis=-1, keepdims=True)
+    std = signal.std(axis=-1, keepdims=True)
+    return (signal - mean) / np.where(std > 0, std, 1.0)
+
+
+def rate_fraction(fs_in: float, fs_out: float) -> tuple[int, int]:
+    """``(up, down)``: the reduced fraction ``fs_out / fs_in`` (rates taken to 1 mHz)."""
+    fraction = Fraction(round(fs_out * 1000), round(fs_in * 1000))
+    return fraction.numerator, fraction.denominator
+
+
+def resample(signal: np.ndarray, fs_in: float, fs_out: float) -> np.ndarray:
+    """Polyphase resampling along the last axis from ``fs_in`` to ``fs_out`` [Hz] (``scipy.signal.resample_poly``).
+
+    Shapes: signal (..., n) → (..., ceil(n · up / down)).
+    """
+    up, down = rate_fraction(fs_in, fs_out)
+    if up == down:
+        return np.array(signal, dtype=np.float64)  # a copy, as resample_poly's result would be
+    return resample_poly(np.asarray(signal, dtype=np.float64), up, down, axis=-1)
+
+
+def crop_or_pad(signal: np.ndarray, n_samples: int, crop: str = "start") -> tuple[np.ndarray, int]:
+    """The record cut to ``n_samples`` (``crop`` "start" or "center") or zero-padded at the end.
+
+    Returns ``(signal (n_leads, n_samples), n_real)``, ``n_real`` the samples that are not padding.
+    """
+    n = signal.shape[-1]
+    if n >= n_samples:
+        start = 0 if crop == "start" else (n - n_samples) // 2
+        return signal[..., start : start + n_samples], n_samples
+    padded = np.zeros(signal.shape[:-1] + (n_samples,), dtype=signal.dtype)
+    padded[..., :n] = signal
+    return padded, n
+
+
+def preprocess(signal_mv: np.ndarray, fs: float, settings: EcgPreprocessing) -> tuple[np.ndarray, float, int]:
+    """Band-pass, z-score, resample and crop/pad one record, as `EcgPreprocessing` says.
+
+    The caller checks ``settings.rate_problem(fs)`` and ``settings.length_problem(n)`` first (the readers
+    do); here a record that fails them is a ``ValueError``.
+
+    Returns:
+        ``(signal (n_leads, n_out) float32, fs_out [Hz], n_real)`` — ``n_real`` samples are data, the rest
+        (up to ``settings.n_samples``) zero padding.
+    """
+    problem = settings.rate_problem(fs) or settings.length_problem(signal_mv.shape[-1])
+    if problem:
+        raise ValueError(problem)
+    x = np.asarray(signal_mv, dtype=np.float64)
+    if settings.bandpass_hz is not None:
+        x = bandpass(x, fs, settings.bandpass_hz, settings.filter_order)
+    if settings.zscore:
+        x = zscore(x)
+    fs_out = fs if settings.sampling_rate_hz is None else float(settings.sampling_rate_hz)
+    x = resample(x, fs, fs_out)
+    n_real = x.shape[-1]
+    if settings.n_samples is not None:
+        x, n_real = crop_or_pad(x, int(settings.n_samples), settings.crop)
+    return x.astype(np.float32), fs_out, n_real
