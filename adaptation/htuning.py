@@ -1,0 +1,280 @@
+"""H-Tuning's mixed-order gradient: zeroth-order over the full batch, backprop over a few samples, mixed.
+
+Paper: "H-Tuning: Toward Low-Cost and Efficient ECG-based Cardiovascular Disease Detection with Pre-Trained
+Models", ICML 2025 (seed 000 of this project; see /work/shared/METHODS.md, "H-Tuning").
+
+Trainable: LoRA (r = 16, scaling 1) on every conv, the merged qkv, the FFN and the first head layer, every bias,
+and the last classifier. The trainable parameters split in two groups: the *mixed* group ``θ`` (LoRA factors and
+the body's biases) and the *head* ``φ`` (the last classifier). One step on a batch ``(x_i, y_i), i = 1..n``:
+
+1. zeroth order (SPSA / MeZO), full batch, no autograd graph: draw ``z ~ N(0, I)`` (same shape as ``θ``) from
+   ``seed``; ``L± = L(θ ± eps·z; x_1..n)``; ``g_ZO = (L+ − L−) / (2·eps) · z``. ``z`` is regenerated from the seed
+   each time it is needed, one tensor at a time, never stored whole. ``E_z[g_ZO] = ∇_θ L + O(eps²)``;
+2. first order: ``g_FO = ∇_θ L(θ; x_1..bp_batch)`` by ordinary backprop on the first ``bp_batch`` samples only
+   (the loader shuffles, so they are a random sub-batch) — activation memory of ``bp_batch``, not ``n``, samples;
+3. mix, norm-matched: ``g = c·g_FO + (1 − c)·‖g_FO‖·g_ZO / ‖g_ZO‖``. The authors' code matches norms per
+   parameter tensor (``norm_match="tensor"``, default); ``"global"`` matches over the whole group. Either way
+   ``(2c − 1)·‖g_FO‖ ≤ ‖g‖ ≤ ‖g_FO‖`` (triangle inequality): the ZO term sets a direction, never the scale;
+4. the head gets the exact full-batch gradient ``∇_φ L(φ; f(x_1..n))`` from features ``f`` computed without a
+   graph (detached) at the restored ``θ``. The authors' code takes these features from the ``θ − eps·z`` pass to
+   save a forward; here they come from ``θ`` itself, so the head gradient is exact.
+
+The results go into each parameter's ``.grad``; any optimizer (the paper: AdamW, lr 2e-3, 1 % warm-up, linear
+decay) then steps as usual. By default the mixed group is restored bit-exactly after the ZO passes from a copy
+of its values (an adapter-sized copy); ``exact_restore=False`` restores MeZO-style by adding ``+eps·z`` back
+(no copy, but rounding leaves ~1 ulp changes).
+
+The loss must be deterministic in ``θ`` for ``L+ − L−`` to measure ``θ``'s effect: no dropout, no batch
+statistics in training mode (the ECG models of `models.ecg` use GroupNorm/LayerNorm and no dropout).
+
+Shapes:
+    batch_x ``ecg (batch, 12, n_samples)`` (any model input with the batch first), batch_y ``(batch, n_classes)``
+    multi-hot; ``loss_fn(logits (batch, n_classes), labels) → ()`` mean over the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+from workbench.adaptation import ecg_lora
+
+from workbench.errors import UserError
+from workbench.method import Method
+from workbench.options import Option
+
+NORM_MATCHES = ("tensor", "global")
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _perturb(params: Sequence[nn.Parameter], seed: int, scale: float, backup: Sequence[torch.Tensor] | None) -> None:
+    """``θ ← backup + scale·z`` (or ``θ += scale·z`` without a backup), ``z`` regenerated from ``seed``."""
+    generator = torch.Generator(device=params[0].device).manual_seed(seed)
+    with torch.no_grad():
+        for index, p in enumerate(params):
+            z = torch.randn(p.shape, generator=generator, dtype=p.dtype, device=p.device)
+            if backup is None:
+                p.add_(z, alpha=scale)
+            else:
+                torch.add(backup[index], z, alpha=scale, out=p)
+
+
+def _z(params: Sequence[nn.Parameter], seed: int):
+    """Yield ``z`` for each parameter, regenerated from ``seed`` in the order `_perturb` draws it."""
+    generator = torch.Generator(device=params[0].device).manual_seed(seed)
+    for p in params:
+        yield torch.randn(p.shape, generator=generator, dtype=p.dtype, device=p.device)
+
+
+def zeroth_order_projection(
+    model: nn.Module,
+    params: Sequence[nn.Parameter],
+    loss_fn: LossFn,
+    batch_x: torch.Tensor,
+    batch_y: torch.Tensor,
+    *,
+    eps: float = 1e-3,
+    seed: int = 0,
+    exact_restore: bool = True,
+) -> tuple[float, float, float]:
+    """Two-sided SPSA on ``params``: returns ``((L+ − L−) / (2 eps), L+, L−)``; ``g_ZO = first · z(seed)``.
+
+    ``params`` are back at their values on return (bit-exact with ``exact_restore``).
+    """
+    backup = [p.detach().clone() for p in params] if exact_restore else None
+    try:
+        _perturb(params, seed, eps, backup)
+        with torch.inference_mode():
+            loss_plus = float(loss_fn(model(batch_x), batch_y))
+        _perturb(params, seed, -eps if backup is not None else -2 * eps, backup)
+        with torch.inference_mode():
+            loss_minus = float(loss_fn(model(batch_x), batch_y))
+    finally:
+        if backup is not None:
+            with torch.no_grad():
+                for p, value in zip(params, backup):
+                    p.copy_(value)
+    if backup is None:
+        _perturb(params, seed, eps, None)
+    return (loss_plus - loss_minus) / (2 * eps), loss_plus, loss_minus
+
+
+def zeroth_order_gradient(
+    model: nn.Module,
+    params: Sequence[nn.Parameter],
+    loss_fn: LossFn,
+    batch_x: torch.Tensor,
+    batch_y: torch.Tensor,
+    *,
+    eps: float = 1e-3,
+    seed: int = 0,
+) -> list[torch.Tensor]:
+    """The SPSA estimate ``g_ZO = (L+ − L−) / (2 eps) · z`` as tensors (for checks; the step never stores it)."""
+    projected, _, _ = zeroth_order_projection(model, params, loss_fn, batch_x, batch_y, eps=eps, seed=seed)
+    return [projected * z for z in _z(params, seed)]
+
+
+def mixed_order_gradients(
+    model: nn.Module,
+    lora_params: Sequence[nn.Parameter],
+    head_params: Sequence[nn.Parameter],
+    loss_fn: LossFn,
+    batch_x: torch.Tensor,
+    batch_y: torch.Tensor,
+    *,
+    eps: float = 1e-3,
+    bp_batch: int = 2,
+    c: float = 0.9,
+    seed: int = 0,
+    norm_match: str = "tensor",
+    exact_restore: bool = True,
+    features: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """One H-Tuning gradient (see the module docstring); writes ``.grad`` of ``lora_params`` and ``head_params``.
+
+    Args:
+        model: maps ``batch_x`` to logits; must be deterministic (no dropout).
+        lora_params: the mixed group ``θ`` (LoRA factors and the body's trainable biases).
+        head_params: the head ``φ`` (last classifier weight and bias), disjoint from ``θ``.
+        loss_fn: ``loss_fn(logits, labels)``, the batch mean (e.g. ``F.binary_cross_entropy_with_logits``).
+        eps: SPSA perturbation size (default 1e-3, the paper's).
+        bp_batch: samples backpropagated for ``g_FO`` (default 2, the paper's): the first ``bp_batch`` of the batch.
+        c: weight of ``g_FO`` in the mix, in [0, 1] (default 0.9; the paper tunes it in {0.85, 0.9, 0.95, 0.99}).
+        seed: seed of ``z``; give each step its own (e.g. from the run seed and the step index).
+        norm_match: ``"tensor"`` (per parameter tensor, the authors' code) or ``"global"`` (whole group).
+        exact_restore: restore ``θ`` from a copy (bit-exact) rather than by adding ``eps·z`` back.
+        features: ``features(batch_x)`` → what the head reads (default ``model.features``).
+        head: ``head(features)`` → logits (default ``model.classifier``).
+
+    Returns:
+        ``loss`` (full batch, at ``θ``), ``loss_plus``, ``loss_minus``, ``loss_bp`` (the ``bp_batch`` samples)
+        and ``projected_gradient`` ``(L+ − L−) / (2 eps)``.
+    """
+    lora_params, head_params = list(lora_params), list(head_params)
+    if not lora_params:
+        raise UserError("mixed_order_gradients: lora_params is empty; apply LoRA first (ecg_lora.apply)")
+    if {id(p) for p in lora_params} & {id(p) for p in head_params}:
+        raise UserError("mixed_order_gradients: a parameter is both in lora_params and head_params")
+    if not all(p.requires_grad for p in lora_params + head_params):
+        raise UserError("mixed_order_gradients: every parameter it updates must have requires_grad=True")
+    if not 0.0 <= c <= 1.0:
+        raise UserError(f"mixed_order_gradients: c must lie in [0, 1], got {c}")
+    if not eps > 0:
+        raise UserError(f"mixed_order_gradients: eps must be positive, got {eps}")
+    if not 1 <= bp_batch <= len(batch_x):
+        raise UserError(f"mixed_order_gradients: bp_batch must lie in [1, batch size {len(batch_x)}], got {bp_batch}")
+    if norm_match not in NORM_MATCHES:
+        raise UserError(f"mixed_order_gradients: norm_match must be one of {NORM_MATCHES}, got {norm_match!r}")
+    features = features if features is not None else model.features
+    head = head if head is not None else model.classifier
+
+    # (1) zeroth order on the full batch: only the scalar (L+ − L−) / (2 eps) is kept.
+    projected, loss_plus, loss_minus = zeroth_order_projection(
+        model, lora_params, loss_fn, batch_x, batch_y, eps=eps, seed=seed, exact_restore=exact_restore
+    )
+
+    # (2) first order on the first bp_batch samples, for θ only.
+    with torch.enable_grad():
+        loss_bp = loss_fn(model(batch_x[:bp_batch]), batch_y[:bp_batch])
+        first_order = torch.autograd.grad(loss_bp, lora_params, allow_unused=True)
+    first_order = [torch.zeros_like(p) if g is None else g for p, g in zip(lora_params, first_order)]
+
+    # (3) mix, norm-matched; g_ZO = projected · z, so g_ZO / ‖g_ZO‖ = sign(projected) · z / ‖z‖.
+    if norm_match == "global":
+        fo_norm = torch.sqrt(sum(g.pow(2).sum() for g in first_order))
+        zo_norm = abs(projected) * torch.sqrt(sum(z.pow(2).sum() for z in _z(lora_params, seed)))
+    for p, g_fo, z in zip(lora_params, first_order, _z(lora_params, seed)):
+        g_zo = projected * z
+        if norm_match == "tensor":
+            fo_norm, zo_norm = torch.linalg.vector_norm(g_fo), torch.linalg.vector_norm(g_zo)
+        zo_term = g_zo * (fo_norm / zo_norm) if zo_norm > 0 else torch.zeros_like(g_zo)
+        p.grad = c * g_fo + (1.0 - c) * zo_term if c < 1.0 else g_fo.clone()
+
+    # (4) exact full-batch head gradient from detached features at θ.
+    with torch.no_grad():
+        head_input = features(batch_x)
+    with torch.enable_grad():
+        loss = loss_fn(head(head_input), batch_y)
+        head_gradients = torch.autograd.grad(loss, head_params, allow_unused=True) if head_params else ()
+    for p, g in zip(head_params, head_gradients):
+        p.grad = torch.zeros_like(p) if g is None else g
+
+    return {
+        "loss": loss.item(),
+        "loss_plus": loss_plus,
+        "loss_minus": loss_minus,
+        "loss_bp": loss_bp.item(),
+        "projected_gradient": projected,
+    }
+
+
+def split_parameters(model: nn.Module, head_prefix: str = "classifier.") -> tuple[list, list]:
+    """(mixed group ``θ``, head ``φ``) of a prepared model: trainable parameters outside / inside the head."""
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    head = [p for name, p in trainable if name.startswith(head_prefix)]
+    return [p for name, p in trainable if not name.startswith(head_prefix)], head
+
+
+class HTuning(Method):
+    """H-Tuning (ICML 2025) as a workbench method; not registered yet (add ``@methods.register`` with its task).
+
+    `prepare`: LoRA (``rank`` 16, ``alpha`` 16: scaling 1) on the model's ``lora_targets`` (every conv, the
+    merged qkv, the attention output, the FFN, the head's first layer), plus every bias and the last classifier
+    (weight and bias) trained in full; everything else frozen.
+
+    How the trainer must call it: the step *replaces* ``loss.backward()``. The engine has no hook for that
+    today; the proposal is a ``Method.gradients(task, model, batch, step) -> torch.Tensor | None`` hook, called
+    by ``Trainer._train_epoch`` after ``zero_grad``: ``None`` (the base class) keeps the usual
+    ``loss = method.loss(...); loss.backward()``; a method that returns a (detached) loss has written every
+    trainable ``.grad`` itself, and the trainer goes on to clipping and ``optimizer.step()``. HTuning's version
+    is `gradients` below, with ``seed = run seed · 1_000_003 + step`` so resumed runs draw the same ``z``.
+    Validation keeps using `Method.loss` (the task's BCE).
+    """
+
+    name = "htuning"
+    description = "H-Tuning: LoRA + mixed zeroth/first-order gradients + exact head gradient (ICML 2025)"
+    learning_rate = 2e-3  # the authors' AdamW rate
+    options = (
+        Option("rank", int, 16, "LoRA rank r of every update"),
+        Option("alpha", float, 16.0, "LoRA scale alpha (updates are multiplied by alpha / rank; 16/16 = 1)"),
+        Option("c", float, 0.9, "weight of the backprop gradient in the mix (paper: 0.85, 0.9, 0.95, 0.99)"),
+        Option("bp_batch", int, 2, "samples of each batch that are backpropagated"),
+        Option("eps", float, 1e-3, "zeroth-order perturbation size"),
+        Option("norm_match", str, "tensor", "match norms per parameter tensor or over the group", NORM_MATCHES),
+    )
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        if not 0.0 <= self.config["c"] <= 1.0:
+            raise UserError(f"method 'htuning': --c must lie in [0, 1], got {self.config['c']}")
+        if self.config["bp_batch"] < 1 or self.config["eps"] <= 0:
+            raise UserError("method 'htuning': --bp-batch must be a positive integer and --eps positive")
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return ecg_lora.apply(
+            model, rank=self.config["rank"], alpha=self.config["alpha"], train=("*.bias", "classifier.weight")
+        )
+
+    def gradients(
+        self, model: nn.Module, batch_x: torch.Tensor, batch_y: torch.Tensor, loss_fn: LossFn, seed: int
+    ) -> dict[str, float]:
+        """Write one mixed-order gradient into the trainable ``.grad`` (the proposed engine hook's body)."""
+        lora_params, head_params = split_parameters(model)
+        return mixed_order_gradients(
+            model,
+            lora_params,
+            head_params,
+            loss_fn,
+            batch_x,
+            batch_y,
+            eps=self.config["eps"],
+            bp_batch=min(self.config["bp_batch"], len(batch_x)),
+            c=self.config["c"],
+            seed=seed,
+            norm_match=self.config["norm_match"],
+        )
+
+    def merge(self, model: nn.Module) -> nn.Module:
+        return ecg_lora.merge(model)

@@ -1,0 +1,324 @@
+"""ECG classifiers in the shape of H-Tuning's backbone: a strided 1-D conv stem, transformer layers, a head.
+
+Paper: "H-Tuning: Toward Low-Cost and Efficient ECG-based Cardiovascular Disease Detection with Pre-Trained
+Models", ICML 2025. Its teacher is a ~50M-parameter conv + transformer model pretrained on 12-lead ECGs at
+500 Hz; its distilled student is a small conv + one transformer layer (~0.26M). These are CPU-sized versions
+of both, for 100 Hz × 1000-sample records (PTB-XL ``records100``):
+
+``ECGEncoder`` (teacher)::
+
+    tokens = Conv-stem(ecg)                          # n_blocks × [Conv1d(stride 2) → GroupNorm → GELU]
+    h      = tokens + PE                            # fixed sinusoidal positions (no parameters)
+    h      = h + Attn(LN(h)); h = h + FFN(LN(h))     # × n_layers, pre-norm; Attn has ONE Linear(d, 3d) for qkv
+    f      = GELU(head_hidden(mean_t LN(h)))         # the head's first layer
+    logits = classifier(f)                           # the last classifier
+
+``ECGStudent``: the same with 1–2 conv blocks (stride 4), one transformer layer and a linear classifier.
+
+The merged ``qkv`` linear is what H-Tuning's LoRA targets; `lora_targets` of each model lists the modules
+LoRA adapts (every conv, qkv, the attention output, the FFN and the head's first layer — not the last
+classifier, which trains in full). Normalisation is GroupNorm/LayerNorm and there is no dropout, so the
+forward pass has no running statistics and is deterministic: zeroth-order loss differences then measure the
+parameters' effect alone, and ``train()``/``eval()`` give the same outputs.
+
+Leads: ``n_leads`` is 12, 3 or 1. A reduced-lead model takes either its own leads ``(batch, n_leads, n_samples)``
+or a 12-lead batch, from which it picks `LEAD_SUBSETS[n_leads]`: lead I alone (what single-lead wearables
+record), and I, II, V2 — the 3-lead set of the PhysioNet/CinC Challenge 2021 ("Will two do?"), which keeps
+two limb leads (the frontal axis) and one precordial lead (anterior/septal activity).
+
+Checkpoints are safetensors plus a JSON of the architecture (`save_ecg_model` / `load_ecg_model`).
+
+Shapes:
+    ecg (batch, n_leads or 12, n_samples) [z-scored, standard deviations] → logits (batch, n_classes)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from workbench.domains.ecg.preprocess import LEADS
+
+from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
+from workbench.errors import UserError
+
+#: Leads a reduced-lead model reads from a 12-lead batch (names as in `LEADS`).
+LEAD_SUBSETS: dict[int, tuple[str, ...]] = {12: LEADS, 3: ("I", "II", "V2"), 1: ("I",)}
+
+
+def lead_indices(n_leads: int) -> tuple[int, ...]:
+    """Positions in the 12-lead order `LEADS` of the leads an ``n_leads`` model reads."""
+    if n_leads not in LEAD_SUBSETS:
+        raise UserError(f"n_leads must be one of {sorted(LEAD_SUBSETS)}, got {n_leads}")
+    return tuple(LEADS.index(name) for name in LEAD_SUBSETS[n_leads])
+
+
+def select_leads(ecg: torch.Tensor, n_leads: int) -> torch.Tensor:
+    """The ``n_leads`` subset of a 12-lead batch.
+
+    Shapes:
+        ecg (batch, 12, n_samples) → (batch, n_leads, n_samples)
+    """
+    if ecg.ndim != 3 or ecg.shape[1] != len(LEADS):
+        raise UserError(f"select_leads expects ecg (batch, 12, n_samples), got shape {tuple(ecg.shape)}")
+    return ecg[:, list(lead_indices(n_leads))]
+
+
+def sinusoidal_positions(n_tokens: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Fixed sine/cosine position codes ``(n_tokens, width)`` (Vaswani et al., 2017)."""
+    position = torch.arange(n_tokens, dtype=dtype, device=device)[:, None]
+    frequency = torch.exp(torch.arange(0, width, 2, dtype=dtype, device=device) * (-math.log(10000.0) / width))
+    codes = torch.zeros(n_tokens, width, dtype=dtype, device=device)
+    codes[:, 0::2] = torch.sin(position * frequency)
+    codes[:, 1::2] = torch.cos(position * frequency[: width // 2])
+    return codes
+
+
+class ConvBlock(nn.Module):
+    """``Conv1d(stride) → GroupNorm → GELU``; ``n_out = ceil(n_in / stride)`` with 'same'-style padding.
+
+    Shapes:
+        x (batch, in_channels, n) → (batch, out_channels, ceil(n / stride))
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, stride=stride, padding=kernel_size // 2)
+        self.norm = nn.GroupNorm(math.gcd(8, out_channels), out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.norm(self.conv(x)))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with one merged ``qkv = Linear(d, 3d)`` and an output ``proj = Linear(d, d)``.
+
+    ``Attn(h) = proj(concat_heads softmax(q kᵀ / sqrt(d / n_heads)) v)``, ``[q, k, v] = qkv(h)``.
+
+    Shapes:
+        h (batch, n_tokens, width) → (batch, n_tokens, width)
+    """
+
+    def __init__(self, width: int, n_heads: int):
+        super().__init__()
+        if width % n_heads:
+            raise UserError(f"width {width} must be a multiple of n_heads {n_heads}")
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        batch, n_tokens, width = h.shape
+        qkv = self.qkv(h).reshape(batch, n_tokens, 3, self.n_heads, width // self.n_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, n_heads, n_tokens, head_width)
+        attended = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(attended.transpose(1, 2).reshape(batch, n_tokens, width))
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm encoder layer: ``h += Attn(LN(h)); h += FFN(LN(h))``, ``FFN = Linear → GELU → Linear``.
+
+    Shapes:
+        h (batch, n_tokens, width) → same
+    """
+
+    def __init__(self, width: int, n_heads: int, ffn_width: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attention = SelfAttention(width, n_heads)
+        self.norm2 = nn.LayerNorm(width)
+        self.ffn = nn.Sequential(nn.Linear(width, ffn_width), nn.GELU(), nn.Linear(ffn_width, width))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = h + self.attention(self.norm1(h))
+        return h + self.ffn(self.norm2(h))
+
+
+class _ECGModel(nn.Module):
+    """Shared input check, lead selection, token encoding, pooling; subclasses build ``stem``/``layers``/head."""
+
+    kind: str
+    #: fnmatch patterns of the module names LoRA adapts (see `workbench.adaptation.ecg_lora.apply`).
+    lora_targets: tuple[str, ...]
+
+    def _check(self, ecg: torch.Tensor) -> torch.Tensor:
+        n_leads = self.architecture["n_leads"]
+        if ecg.ndim != 3 or ecg.shape[1] not in (n_leads, len(LEADS)):
+            raise UserError(
+                f"{type(self).__name__} expects ecg (batch, {n_leads} or 12 leads, n_samples), "
+                f"got shape {tuple(ecg.shape)}"
+            )
+        return select_leads(ecg, n_leads) if ecg.shape[1] != n_leads else ecg
+
+    def tokens(self, ecg: torch.Tensor) -> torch.Tensor:
+        """Token sequence after the transformer layers ``(batch, n_tokens, width)``."""
+        h = self.stem(self._check(ecg)).transpose(1, 2)
+        h = h + sinusoidal_positions(h.shape[1], h.shape[2], h.dtype, h.device)
+        for layer in self.layers:
+            h = layer(h)
+        return self.norm(h)
+
+    def forward(self, ecg: torch.Tensor) -> torch.Tensor:
+        """Class logits ``(batch, n_classes)`` (multi-label: one sigmoid per class)."""
+        return self.classifier(self.features(ecg))
+
+
+class ECGEncoder(_ECGModel):
+    """Teacher: conv stem → ``n_layers`` transformer layers → mean pooling → ``hidden`` → ``classifier``.
+
+    Args:
+        n_leads: 12, 3 or 1 input leads (default 12).
+        n_classes: output logits (default 5: NORM, MI, STTC, CD, HYP).
+        n_samples: record length the model is built for [samples] (default 1000: 10 s at 100 Hz); recorded in
+            the architecture, other lengths run too (positions are computed, not learned).
+        width: token width ``d`` (default 72; ~195k parameters with the other defaults).
+        n_layers: transformer layers (default 2).
+        n_heads: attention heads (default 4).
+        stem_channels: output channels of the conv blocks, each of stride 2 (default (32, 64, 72, 72): 16×
+            shorter, 1000 samples → 63 tokens); the last must equal ``width``.
+
+    Shapes:
+        ecg (batch, n_leads or 12, n_samples) → logits (batch, n_classes); features (batch, width)
+    """
+
+    kind = "ecg_encoder"
+    lora_targets = ("stem.*", "layers.*", "head_hidden")
+
+    def __init__(
+        self,
+        n_leads: int = 12,
+        n_classes: int = 5,
+        n_samples: int = 1000,
+        width: int = 72,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        stem_channels: tuple[int, ...] = (32, 64, 72, 72),
+    ):
+        super().__init__()
+        lead_indices(n_leads)
+        if not stem_channels or stem_channels[-1] != width:
+            raise UserError(f"the last of stem_channels {tuple(stem_channels)} must equal width {width}")
+        self.architecture = {
+            "kind": self.kind,
+            "n_leads": int(n_leads),
+            "n_classes": int(n_classes),
+            "n_samples": int(n_samples),
+            "width": int(width),
+            "n_layers": int(n_layers),
+            "n_heads": int(n_heads),
+            "stem_channels": [int(c) for c in stem_channels],
+        }
+        kernels = [7] + [5] * (len(stem_channels) - 1)
+        channels = [n_leads, *stem_channels]
+        self.stem = nn.Sequential(
+            *(ConvBlock(channels[i], channels[i + 1], kernels[i], 2) for i in range(len(kernels)))
+        )
+        self.layers = nn.ModuleList(TransformerLayer(width, n_heads, 4 * width) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(width)
+        self.head_hidden = nn.Linear(width, width)
+        self.classifier = nn.Linear(width, n_classes)
+
+    def features(self, ecg: torch.Tensor) -> torch.Tensor:
+        """What the last classifier reads: ``GELU(hidden(mean_t tokens))`` ``(batch, width)``."""
+        return F.gelu(self.head_hidden(self.tokens(ecg).mean(dim=1)))
+
+
+class ECGStudent(_ECGModel):
+    """Student: 1–2 conv blocks of stride 4 → one transformer layer → mean pooling → linear ``classifier``.
+
+    Args:
+        n_leads: 12, 3 or 1 input leads (default 12).
+        n_classes: output logits (default 5).
+        n_samples: record length the model is built for [samples] (default 1000 at 100 Hz).
+        width: token width (default 24; ~8.8k parameters at 12 leads, 22× fewer than the default teacher).
+        n_heads: attention heads (default 2).
+        stem_channels: output channels of the conv blocks (default (16, 24): 16× shorter); 1 or 2 blocks, the
+            last equal to ``width``.
+
+    Shapes:
+        ecg (batch, n_leads or 12, n_samples) → logits (batch, n_classes); features (batch, width)
+    """
+
+    kind = "ecg_student"
+    lora_targets = ("stem.*", "layers.*")
+
+    def __init__(
+        self,
+        n_leads: int = 12,
+        n_classes: int = 5,
+        n_samples: int = 1000,
+        width: int = 24,
+        n_heads: int = 2,
+        stem_channels: tuple[int, ...] = (16, 24),
+    ):
+        super().__init__()
+        lead_indices(n_leads)
+        if len(stem_channels) not in (1, 2) or stem_channels[-1] != width:
+            raise UserError(f"stem_channels {tuple(stem_channels)}: 1 or 2 blocks, the last equal to width {width}")
+        self.architecture = {
+            "kind": self.kind,
+            "n_leads": int(n_leads),
+            "n_classes": int(n_classes),
+            "n_samples": int(n_samples),
+            "width": int(width),
+            "n_heads": int(n_heads),
+            "stem_channels": [int(c) for c in stem_channels],
+        }
+        kernels = [9, 5][: len(stem_channels)]
+        channels = [n_leads, *stem_channels]
+        self.stem = nn.Sequential(
+            *(ConvBlock(channels[i], channels[i + 1], kernels[i], 4) for i in range(len(kernels)))
+        )
+        self.layers = nn.ModuleList([TransformerLayer(width, n_heads, 2 * width)])
+        self.norm = nn.LayerNorm(width)
+        self.classifier = nn.Linear(width, n_classes)
+
+    def features(self, ecg: torch.Tensor) -> torch.Tensor:
+        """Mean-pooled tokens ``(batch, width)``, what the classifier reads."""
+        return self.tokens(ecg).mean(dim=1)
+
+
+MODEL_KINDS: dict[str, type[_ECGModel]] = {ECGEncoder.kind: ECGEncoder, ECGStudent.kind: ECGStudent}
+
+
+def build_ecg_model(architecture: Mapping[str, Any]) -> _ECGModel:
+    """The model an architecture dict describes (``kind`` plus the constructor's arguments)."""
+    arguments = dict(architecture)
+    kind = arguments.pop("kind", None)
+    if kind not in MODEL_KINDS:
+        raise UserError(f"ECG architecture 'kind' must be one of {sorted(MODEL_KINDS)}, got {kind!r}")
+    if "stem_channels" in arguments:
+        arguments["stem_channels"] = tuple(arguments["stem_channels"])
+    return MODEL_KINDS[kind](**arguments)
+
+
+def save_ecg_model(model: _ECGModel, path: str | Path) -> None:
+    """Weights to ``path`` (.safetensors) and the architecture to the ``.json`` beside it (merge adapters first)."""
+    path = Path(path)
+    if any(".parametrizations." in name for name in model.state_dict()):
+        raise UserError("this ECG model carries LoRA adapters; merge them first (ecg_lora.merge) and save the result")
+    save_tensors(path, {k: v.detach().cpu() for k, v in model.state_dict().items()}, metadata={"model": model.kind})
+    write_json(path.with_suffix(".json"), model.architecture)
+
+
+def load_ecg_model(path: str | Path) -> _ECGModel:
+    """An `ECGEncoder` or `ECGStudent` saved by `save_ecg_model` (safetensors + the JSON of its architecture)."""
+    path = Path(path)
+    architecture_path = path.with_suffix(".json")
+    if path.suffix != ".safetensors" or not path.is_file() or not architecture_path.is_file():
+        raise UserError(f"{path}: expected an ECG checkpoint (.safetensors with its .json architecture beside it)")
+    try:
+        model = build_ecg_model(json.loads(architecture_path.read_text()))
+    except (json.JSONDecodeError, TypeError) as error:
+        raise UserError(
+            f"{architecture_path}: expected {{'kind': 'ecg_encoder' | 'ecg_student', 'n_leads': int, ...}} ({error})"
+        ) from None
+    state = load_tensors(path)
+    check_state_fits(model.state_dict(), state, path, "checkpoint does not fit its architecture")
+    model.load_state_dict(state)
+    return model

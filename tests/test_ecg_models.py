@@ -1,0 +1,310 @@
+"""ECG teacher/student models, LoRA on conv + linear layers, H-Tuning's mixed-order gradient, distillation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import parametrize
+from workbench.adaptation import ecg_lora, htuning
+from workbench.adaptation.distill import Distill, distillation_loss
+from workbench.models.ecg import (
+    ECGEncoder,
+    ECGStudent,
+    lead_indices,
+    load_ecg_model,
+    save_ecg_model,
+    select_leads,
+)
+
+from workbench.errors import UserError
+from workbench.testing import assert_identity_at_init, assert_merge_equivalent, assert_only_trainable_change
+
+BCE = F.binary_cross_entropy_with_logits
+
+
+def tiny_encoder(n_leads: int = 12, seed: int = 0, dtype=torch.float64) -> ECGEncoder:
+    torch.manual_seed(seed)
+    model = ECGEncoder(n_leads=n_leads, n_classes=5, n_samples=64, width=8, n_layers=2, n_heads=2, stem_channels=(8, 8))
+    return model.to(dtype)
+
+
+def tiny_batch(n: int = 8, n_samples: int = 64, seed: int = 1, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(seed)
+    ecg = torch.randn(n, 12, n_samples, generator=generator, dtype=dtype)
+    labels = (torch.rand(n, 5, generator=generator) > 0.5).to(dtype)
+    return ecg, labels
+
+
+def randomize(params, seed: int = 2, std: float = 0.3) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in params:
+            p.copy_(std * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+
+
+def flat(tensors) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+# -- models ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_leads", [1, 3, 12])
+def test_models_take_their_leads_or_twelve(n_leads):
+    ecg, _ = tiny_batch(n=3, n_samples=100, dtype=torch.float32)
+    teacher = ECGEncoder(n_leads=n_leads, n_samples=100, width=8, n_heads=2, stem_channels=(8, 8))
+    student = ECGStudent(n_leads=n_leads, n_samples=100, width=8, n_heads=2, stem_channels=(8,))
+    for model in (teacher, student):
+        logits = model(ecg)
+        assert logits.shape == (3, 5)
+        assert torch.allclose(model(select_leads(ecg, n_leads)), logits)
+    assert [lead_indices(n) for n in (1, 3)] == [(0,), (0, 1, 7)]  # I; I, II, V2
+    with pytest.raises(UserError, match="n_samples"):
+        student(ecg[:, :2])
+
+
+def test_default_sizes_teacher_and_students():
+    count = lambda model: sum(p.numel() for p in model.parameters())  # noqa: E731
+    teacher = count(ECGEncoder())
+    assert 100_000 <= teacher <= 300_000
+    for n_leads in (1, 3, 12):
+        assert teacher / count(ECGStudent(n_leads=n_leads)) >= 19
+    tokens = ECGEncoder().stem(torch.zeros(1, 12, 1000))
+    assert tokens.shape == (1, 72, 63)
+
+
+def test_save_load_round_trip(tmp_path):
+    ecg, _ = tiny_batch(n=2, dtype=torch.float32)
+    for model in (tiny_encoder(n_leads=3, dtype=torch.float32), ECGStudent(n_leads=1, n_samples=64)):
+        path = tmp_path / f"{model.kind}.safetensors"
+        save_ecg_model(model, path)
+        loaded = load_ecg_model(path)
+        assert type(loaded) is type(model) and loaded.architecture == model.architecture
+        assert torch.equal(loaded(ecg), model(ecg))
+    ecg_lora.apply(model)
+    with pytest.raises(UserError, match="merge"):
+        save_ecg_model(model, tmp_path / "adapted.safetensors")
+
+
+# -- LoRA -----------------------------------------------------------------------------------------
+
+
+def outputs_on(ecg):
+    return lambda model: {"logits": model(ecg)}
+
+
+def test_lora_identity_merge_and_only_adapters_train():
+    ecg, labels = tiny_batch()
+    base = tiny_encoder()
+    method = ecg_lora.LoRA()
+    prepared = assert_identity_at_init(base, method, outputs_on(ecg))
+    adapted = {n for n, m in prepared.named_modules() if parametrize.is_parametrized(m)}
+    assert {"stem.0.conv", "layers.0.attention.qkv", "layers.1.ffn.2", "head_hidden"} <= adapted
+    assert "classifier" not in adapted
+    trainable = {n for n, p in prepared.named_parameters() if p.requires_grad}
+    assert trainable == {n for n in trainable if n.endswith((".A", ".B"))} | {"classifier.weight", "classifier.bias"}
+    assert prepared.stem[0].conv.parametrizations.weight[0].B.shape == (8, 8)  # rank capped at min(out, in·k)
+
+    def step(model):
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+        BCE(model(ecg), labels).backward()
+        optimizer.step()
+
+    assert_only_trainable_change(prepared, step)
+    randomize(ecg_lora.adapter_parameters(prepared))  # B ≠ 0: merging must matter
+    merged = assert_merge_equivalent(prepared, method, outputs_on(ecg), tol=1e-10)
+    assert not any(parametrize.is_parametrized(m) for m in merged.modules())
+    assert set(merged.state_dict()) == set(base.state_dict())
+
+
+def test_lora_adapter_save_load(tmp_path):
+    ecg, _ = tiny_batch(n=2)
+    model = ecg_lora.apply(tiny_encoder(), rank=4, alpha=8, train=("classifier.*",))
+    randomize([p for p in model.parameters() if p.requires_grad])
+    ecg_lora.save_adapter(model, tmp_path / "adapter.safetensors")
+    loaded = ecg_lora.load_adapter(tiny_encoder(), tmp_path / "adapter.safetensors")
+    assert torch.equal(loaded(ecg), model(ecg))
+
+
+# -- H-Tuning -------------------------------------------------------------------------------------
+
+
+def prepared_htuning(seed: int = 0, rank: int = 16):
+    model = htuning.HTuning(rank=rank).prepare(tiny_encoder(seed=seed))
+    lora, head = htuning.split_parameters(model)
+    randomize(lora, seed=seed + 10)  # away from B = 0, where dL/dA vanishes
+    return model, lora, head
+
+
+def full_batch_gradients(model, params, ecg, labels):
+    return torch.autograd.grad(BCE(model(ecg), labels), params)
+
+
+def test_htuning_prepare_trains_lora_biases_and_classifier():
+    ecg, _ = tiny_batch(n=2)
+    model = assert_identity_at_init(tiny_encoder(), htuning.HTuning(), outputs_on(ecg))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert "classifier.weight" in trainable and "layers.0.attention.qkv.bias" in trainable
+    assert all(n.endswith((".A", ".B", ".bias")) or n == "classifier.weight" for n in trainable)
+    lora, head = htuning.split_parameters(model)
+    assert len(head) == 2 and len(lora) + 2 == len(trainable)
+
+
+def test_c_one_is_the_sub_batch_backprop_gradient_and_head_is_exact():
+    ecg, labels = tiny_batch()
+    model, lora, head = prepared_htuning()
+    expected_lora = torch.autograd.grad(BCE(model(ecg[:2]), labels[:2]), lora)
+    expected_head = full_batch_gradients(model, head, ecg, labels)
+    result = htuning.mixed_order_gradients(model, lora, head, BCE, ecg, labels, c=1.0, bp_batch=2, seed=3)
+    assert all(torch.equal(p.grad, g) for p, g in zip(lora, expected_lora))
+    assert all(torch.allclose(p.grad, g, rtol=1e-12, atol=1e-14) for p, g in zip(head, expected_head))
+    assert result["loss"] == pytest.approx(BCE(model(ecg), labels).item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("exact_restore", [True, False])
+def test_parameters_restored_after_zeroth_order_passes(exact_restore):
+    ecg, labels = tiny_batch()
+    model, lora, head = prepared_htuning()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    htuning.mixed_order_gradients(model, lora, head, BCE, ecg, labels, seed=5, exact_restore=exact_restore)
+    for name, p in model.named_parameters():
+        if exact_restore:
+            assert torch.equal(p, before[name]), name
+        else:  # MeZO-style +eps·z, −2eps·z, +eps·z: equal up to rounding
+            assert torch.allclose(p, before[name], rtol=0, atol=1e-15), name
+
+
+def test_zeroth_order_estimate_is_unbiased():
+    """E_z[(z·g) z] = g for z ~ N(0, I): the mean of N estimates projects onto ĝ with ‖g‖·(1 ± sqrt(2/N)).
+
+    (z·g)(z·ĝ) = ‖g‖ (z·ĝ)², a scaled χ²₁ of mean 1 and variance 2: with N = 300, 4 standard deviations are
+    ±0.33 — the bound below. The component orthogonal to g has norm ≈ ‖g‖·sqrt(n/N), so the cosine of the
+    mean is ≈ 1 / sqrt(1 + n/N) (n = number of parameters); it must clearly exceed half of that.
+    """
+    ecg, labels = tiny_batch()
+    model, lora, _ = prepared_htuning(rank=1)
+    exact = flat(full_batch_gradients(model, lora, ecg, labels))
+    n_seeds = 300
+    mean = (
+        sum(
+            flat(htuning.zeroth_order_gradient(model, lora, BCE, ecg, labels, eps=1e-3, seed=s)) for s in range(n_seeds)
+        )
+        / n_seeds
+    )
+    projection = float(mean @ exact / exact.norm() ** 2)
+    assert 1 - 4 * math.sqrt(2 / n_seeds) <= projection <= 1 + 4 * math.sqrt(2 / n_seeds)
+    assert cosine(mean, exact) >= 0.5 / math.sqrt(1 + exact.numel() / n_seeds)
+
+
+def test_mixed_gradient_direction_and_scale():
+    """With g_FO exact (bp_batch = batch) and global norm matching, g = c·∇ + (1−c)·‖∇‖·u, ‖u‖ = 1, so
+    cos(g, ∇) ≥ 2c − 1 and (2c − 1)·‖∇‖ ≤ ‖g‖ ≤ ‖∇‖ for every z. With the ZO term alone (c = 0), averaged over
+    seeds, E[sign(z·∇) z/‖z‖] ∝ ∇ per tensor (scaled by ‖g_FO,p‖ > 0): the mean has a positive cosine with ∇."""
+    ecg, labels = tiny_batch()
+    model, lora, head = prepared_htuning(rank=1)
+    exact = flat(full_batch_gradients(model, lora, ecg, labels))
+    c = 0.9
+    for seed in range(3):
+        htuning.mixed_order_gradients(
+            model, lora, head, BCE, ecg, labels, c=c, bp_batch=len(ecg), seed=seed, norm_match="global"
+        )
+        mixed = flat(p.grad for p in lora)
+        assert cosine(mixed, exact) >= 2 * c - 1 - 1e-9
+        assert (2 * c - 1) * exact.norm() - 1e-12 <= mixed.norm() <= exact.norm() + 1e-12
+    # per-tensor matching (the authors'): each tensor's norm within [(2c−1), 1]·‖g_FO,p‖, bp_batch = 2
+    sub_batch = torch.autograd.grad(BCE(model(ecg[:2]), labels[:2]), lora)
+    htuning.mixed_order_gradients(model, lora, head, BCE, ecg, labels, c=c, bp_batch=2, seed=7)
+    for p, g_fo in zip(lora, sub_batch):
+        assert (2 * c - 1) * g_fo.norm() - 1e-12 <= p.grad.norm() <= g_fo.norm() + 1e-12
+    n_seeds = 200
+    mean = 0
+    for seed in range(n_seeds):
+        htuning.mixed_order_gradients(model, lora, head, BCE, ecg, labels, c=0.0, bp_batch=len(ecg), seed=seed)
+        mean = mean + flat(p.grad for p in lora) / n_seeds
+    assert cosine(mean, exact) >= 0.2
+
+
+def test_mixed_order_rejects_bad_arguments():
+    ecg, labels = tiny_batch()
+    model, lora, head = prepared_htuning()
+    with pytest.raises(UserError, match="c must"):
+        htuning.mixed_order_gradients(model, lora, head, BCE, ecg, labels, c=1.5)
+    with pytest.raises(UserError, match="both"):
+        htuning.mixed_order_gradients(model, lora, lora[:1], BCE, ecg, labels)
+    with pytest.raises(UserError, match="bp_batch"):
+        htuning.mixed_order_gradients(model, lora, head, BCE, ecg, labels, bp_batch=99)
+
+
+def test_htuning_step_trains_with_an_optimizer():
+    ecg, labels = tiny_batch()
+    method = htuning.HTuning()
+    model = method.prepare(tiny_encoder())
+
+    def step(model):
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        for seed in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            method.gradients(model, ecg, labels, BCE, seed=seed)
+            optimizer.step()
+
+    assert_only_trainable_change(model, step)
+
+
+# -- distillation ---------------------------------------------------------------------------------
+
+
+def test_distillation_loss_is_hard_plus_weighted_soft_bce():
+    generator = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(4, 5, generator=generator), torch.randn(4, 5, generator=generator)
+    labels = (torch.rand(4, 5, generator=generator) > 0.5).float()
+    expected = BCE(student, labels) + 0.5 * BCE(student, torch.sigmoid(teacher))
+    assert torch.allclose(distillation_loss(student, teacher, labels, weight=0.5), expected)
+    with pytest.raises(UserError, match="shape"):
+        distillation_loss(student, teacher[:2], labels)
+
+
+def synthetic_ecg(n: int, seed: int, n_samples: int = 128):
+    """Lead I carries a sine of frequency 2, 5 or 11 cycles per record for each present class (3 classes)."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = (torch.rand(n, 3, generator=generator) > 0.5).float()
+    time = torch.linspace(0, 1, n_samples)
+    waves = torch.stack([torch.sin(2 * math.pi * f * time) for f in (2.0, 5.0, 11.0)])  # (3, n_samples)
+    ecg = 0.3 * torch.randn(n, 12, n_samples, generator=generator)
+    ecg[:, 0] += labels @ waves
+    return ecg, labels
+
+
+class SpectralTeacher(torch.nn.Module):
+    """A fixed, confident teacher: logit ±3 by whether lead I's spectrum peaks at each class's frequency."""
+
+    def forward(self, ecg: torch.Tensor) -> torch.Tensor:
+        spectrum = torch.fft.rfft(ecg[:, 0]).abs()[:, [2, 5, 11]]  # bins of 2, 5, 11 cycles per record
+        return 3.0 * torch.sign(spectrum - 0.25 * ecg.shape[-1])
+
+
+def test_distillation_improves_a_one_lead_student():
+    ecg, labels = synthetic_ecg(64, seed=0)
+    test_ecg, test_labels = synthetic_ecg(64, seed=1)
+    method = Distill(weight=1.0)
+    method.set_teacher(SpectralTeacher())
+    assert ((method.teacher(test_ecg) > 0).float() == test_labels).float().mean() > 0.95
+    torch.manual_seed(0)
+    student = method.prepare(ECGStudent(n_leads=1, n_classes=3, n_samples=128, width=8, n_heads=2, stem_channels=(8,)))
+    with torch.no_grad():
+        before = BCE(student(test_ecg), test_labels).item()
+    optimizer = torch.optim.Adam(student.parameters(), lr=1e-2)
+    for _ in range(60):
+        optimizer.zero_grad()
+        method.loss(None, student, (ecg, labels), True).backward()
+        optimizer.step()
+    with torch.no_grad():
+        logits = student(test_ecg)
+    assert BCE(logits, test_labels).item() < 0.8 * before
+    assert ((logits > 0).float() == test_labels).float().mean() > 0.75  # chance: 0.5
