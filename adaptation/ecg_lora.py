@@ -50,6 +50,7 @@ from workbench.checkpoint import load_tensors, read_metadata, save_tensors
 from workbench.errors import UserError
 from workbench.method import Method
 from workbench.options import Option
+from workbench.registry import methods
 
 HEAD_CHOICES = ("train", "frozen")
 
@@ -171,9 +172,9 @@ def load_adapter(model: nn.Module, path: str | Path) -> nn.Module:
     return model
 
 
+@methods.register
 class LoRA(Method):
-    """Plain LoRA as a workbench method (see the module docstring). Not registered yet: add
-    ``@methods.register`` (``from workbench.registry import methods``) when a task uses it."""
+    """Plain LoRA as a workbench method (see the module docstring); the last classifier trains in full by default."""
 
     name = "lora"
     description = "LoRA on every conv and linear layer the model lists in lora_targets (Hu et al., ICLR 2022)"

@@ -34,15 +34,17 @@ Shapes:
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from workbench.adaptation import ecg_lora
 
 from workbench.errors import UserError
 from workbench.method import Method
 from workbench.options import Option
+from workbench.registry import methods
 
 NORM_MATCHES = ("tensor", "global")
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -217,20 +219,20 @@ def split_parameters(model: nn.Module, head_prefix: str = "classifier.") -> tupl
     return [p for name, p in trainable if not name.startswith(head_prefix)], head
 
 
+@methods.register
 class HTuning(Method):
-    """H-Tuning (ICML 2025) as a workbench method; not registered yet (add ``@methods.register`` with its task).
+    """H-Tuning (ICML 2025) as a workbench method.
 
     `prepare`: LoRA (``rank`` 16, ``alpha`` 16: scaling 1) on the model's ``lora_targets`` (every conv, the
     merged qkv, the attention output, the FFN, the head's first layer), plus every bias and the last classifier
     (weight and bias) trained in full; everything else frozen.
 
-    How the trainer must call it: the step *replaces* ``loss.backward()``. The engine has no hook for that
-    today; the proposal is a ``Method.gradients(task, model, batch, step) -> torch.Tensor | None`` hook, called
-    by ``Trainer._train_epoch`` after ``zero_grad``: ``None`` (the base class) keeps the usual
-    ``loss = method.loss(...); loss.backward()``; a method that returns a (detached) loss has written every
-    trainable ``.grad`` itself, and the trainer goes on to clipping and ``optimizer.step()``. HTuning's version
-    is `gradients` below, with ``seed = run seed · 1_000_003 + step`` so resumed runs draw the same ``z``.
-    Validation keeps using `Method.loss` (the task's BCE).
+    The step *replaces* ``loss.backward()`` through the engine's ``Method.gradients(task, model, batch, step)``
+    hook: it writes every trainable ``.grad`` (`mixed_order_gradients`) and returns the detached full-batch
+    loss; the trainer then clips and steps the optimizer as usual. ``z`` is seeded with
+    ``run seed · 1_000_003 + step`` (the run seed from `setup`), so a resumed run draws the same ``z``.
+    Validation keeps using `Method.loss` (the task's loss). The batch must be ``(inputs, labels)``; the loss
+    on logits is the task's ``logits_loss`` when it has one, else BCE with logits (multi-label).
     """
 
     name = "htuning"
@@ -257,10 +259,26 @@ class HTuning(Method):
             model, rank=self.config["rank"], alpha=self.config["alpha"], train=("*.bias", "classifier.weight")
         )
 
-    def gradients(
+    def setup(self, task, model: nn.Module, data, seed: int) -> None:
+        self.seed = int(seed)
+
+    def gradients(self, task, model: nn.Module, batch: Any, step: int) -> torch.Tensor:
+        """The engine hook: one mixed-order gradient for ``batch = (inputs, labels)`` at global ``step``."""
+        try:
+            batch_x, batch_y = batch
+        except (TypeError, ValueError):
+            raise UserError(
+                f"method 'htuning' needs batches of (inputs, labels); task '{task.name}' gives {type(batch).__name__}"
+            ) from None
+        loss_fn = getattr(task, "logits_loss", F.binary_cross_entropy_with_logits)
+        seed = getattr(self, "seed", 0) * 1_000_003 + int(step)
+        result = self.mixed_step(model, batch_x, batch_y, loss_fn, seed=seed)
+        return torch.tensor(result["loss"])
+
+    def mixed_step(
         self, model: nn.Module, batch_x: torch.Tensor, batch_y: torch.Tensor, loss_fn: LossFn, seed: int
     ) -> dict[str, float]:
-        """Write one mixed-order gradient into the trainable ``.grad`` (the proposed engine hook's body)."""
+        """Write one mixed-order gradient into the trainable ``.grad``; returns `mixed_order_gradients`' numbers."""
         lora_params, head_params = split_parameters(model)
         return mixed_order_gradients(
             model,

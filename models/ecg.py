@@ -26,7 +26,9 @@ or a 12-lead batch, from which it picks `LEAD_SUBSETS[n_leads]`: lead I alone (w
 record), and I, II, V2 — the 3-lead set of the PhysioNet/CinC Challenge 2021 ("Will two do?"), which keeps
 two limb leads (the frontal axis) and one precordial lead (anterior/septal activity).
 
-Checkpoints are safetensors plus a JSON of the architecture (`save_ecg_model` / `load_ecg_model`).
+Checkpoints are safetensors plus a JSON of the architecture (`save_ecg_model` / `load_ecg_model`). The shipped
+teacher ``checkpoints/ecg_teacher_small.safetensors`` (card ``data_cards/ecg-teacher-small.yaml``) is an
+``ECGEncoder()`` pretrained on site 0 of the embedded synthetic PTB-XL (``workbench pretrain --domain ptbxl``).
 
 Shapes:
     ecg (batch, n_leads or 12, n_samples) [z-scored, standard deviations] → logits (batch, n_classes)
@@ -46,6 +48,11 @@ from workbench.domains.ecg.preprocess import LEADS
 
 from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
 from workbench.errors import UserError
+from workbench.model import ModelFamily
+from workbench.registry import models
+
+#: The shipped teacher, pretrained on the source site of the embedded data (card ``ecg-teacher-small``).
+SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "ecg_teacher_small.safetensors"
 
 #: Leads a reduced-lead model reads from a 12-lead batch (names as in `LEADS`).
 LEAD_SUBSETS: dict[int, tuple[str, ...]] = {12: LEADS, 3: ("I", "II", "V2"), 1: ("I",)}
@@ -322,3 +329,15 @@ def load_ecg_model(path: str | Path) -> _ECGModel:
     check_state_fits(model.state_dict(), state, path, "checkpoint does not fit its architecture")
     model.load_state_dict(state)
     return model
+
+
+@models.register
+class ECGFamily(ModelFamily):
+    """`ECGEncoder` / `ECGStudent` checkpoints; the shipped one is the small teacher (card ``ecg-teacher-small``)."""
+
+    name = "ecg"
+    description = "Conv + transformer 12-lead ECG classifier (H-Tuning's backbone, CPU-sized); shipped: small teacher"
+    card = "ecg-teacher-small"
+
+    def load(self, source=None, *, trust_checkpoint=False, dtype=torch.float32) -> nn.Module:
+        return load_ecg_model(SHIPPED_CHECKPOINT if source is None else source).to(dtype)

@@ -68,7 +68,7 @@ def test_adapt_evaluate_and_report(tiny_rmd17, tmp_path):
     rescored = workbench("evaluate", "--run", str(out)).stdout
     value = float(next(line.split()[1] for line in rescored.splitlines() if line.startswith("forces_mae_mev_per_a")))
     assert value == pytest.approx(metrics["after"]["forces_mae_mev_per_a"], rel=1e-6)
-    assert (out / "evaluations" / "rmd17_ethanol.json").is_file()
+    assert (out / "evaluations" / "rmd17.json").is_file()  # named after the --data given
     # Same settings, existing directory: refused without --resume; with --resume: nothing to redo.
     refused = workbench("adapt", "--domain", "rmd17", "--data", str(tiny_rmd17), "--out", str(out), *SMALL, check=False)
     assert refused.returncode == 2 and "--resume" in refused.stderr

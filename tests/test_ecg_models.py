@@ -251,7 +251,7 @@ def test_htuning_step_trains_with_an_optimizer():
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
         for seed in range(3):
             optimizer.zero_grad(set_to_none=True)
-            method.gradients(model, ecg, labels, BCE, seed=seed)
+            method.mixed_step(model, ecg, labels, BCE, seed=seed)
             optimizer.step()
 
     assert_only_trainable_change(model, step)

@@ -44,6 +44,24 @@ def mlp_case(ethanol):
     return build, lambda model: {"logits": model(x)}, loss
 
 
+def ecg_case(ethanol):
+    """(base model builder, outputs, step) with a tiny `ECGEncoder` (float64) on a random 12-lead batch."""
+    from workbench.models.ecg import ECGEncoder
+
+    generator = torch.Generator().manual_seed(0)
+    ecg = torch.randn(4, 12, 64, generator=generator, dtype=torch.float64)
+    labels = (torch.rand(4, 5, generator=generator) > 0.5).double()
+
+    def build():
+        torch.manual_seed(0)
+        return ECGEncoder(n_samples=64, width=8, n_layers=1, n_heads=2, stem_channels=(8, 8)).double()
+
+    def loss(model):
+        return torch.nn.functional.binary_cross_entropy_with_logits(model(ecg), labels)
+
+    return build, lambda model: {"logits": model(ecg)}, loss
+
+
 #: method -> (options, case: the kind of base model it fits)
 CASES = {
     "elora": ({"rank": 4, "alpha": 4.0}, mace_case),
@@ -57,6 +75,8 @@ CASES = {
     "dre-ulsif": ({}, mlp_case),
     "dre-kliep": ({}, mlp_case),
     "dre-logistic": ({}, mlp_case),
+    "lora": ({"rank": 2, "alpha": 2.0}, ecg_case),
+    "htuning": ({"rank": 2, "alpha": 2.0}, ecg_case),
 }
 
 

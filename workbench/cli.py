@@ -25,6 +25,9 @@ EXAMPLES = """examples:
   workbench adapt --domain features --method warmpot      # partial DA: a target site lacking classes
   workbench adapt --domain features --method dre-pp       # covariate shift: importance weights
   workbench data generate features --out my_problem --problem partial-da
+  workbench adapt --domain ptbxl                          # H-Tuning + full + LoRA on the embedded 12-lead ECGs
+  workbench adapt --domain ptbxl --data ~/ptb-xl --out runs/ptbxl
+  workbench predict --run runs/ptbxl --input new_records/ --output predictions.csv
   workbench list
 """
 
@@ -151,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, help="seed of the generator (default: the task's own)")
     _add_plugin_options(generate, "task")
 
+    predict = commands.add_parser("predict", help="score every record of a folder with a finished run's model")
+    predict.add_argument("--run", required=True, help="run directory (from workbench adapt)")
+    predict.add_argument("--input", required=True, help="folder of records (for ptbxl: WFDB *.hea + data files)")
+    predict.add_argument("--output", required=True, help="CSV to write (a .json with hashes is written beside it)")
+
     pretrain = commands.add_parser("pretrain", help="train the task's shipped foundation model from scratch")
     pretrain.add_argument("--domain", required=True)
     pretrain.add_argument("--out", required=True, help="checkpoint path (.safetensors; a .json is written beside it)")
@@ -235,6 +243,11 @@ def run(argv: Sequence[str] | None = None) -> int:
             print(task.info(args.data))
             if args.data_command == "check":
                 print(f"ok: {args.data} matches the data card of task '{args.task}'")
+    elif args.command == "predict":
+        from workbench.run import predict
+
+        record = predict(args.run, args.input, args.output)
+        print(f"scored {record['records']} record(s), {record['failed']} failed; wrote {args.output}")
     elif args.command == "pretrain":
         task = tasks.get(args.domain)()
         print(task.pretrain(Path(args.out), epochs=args.epochs, seed=args.seed, device=args.device, quiet=args.quiet))

@@ -8,6 +8,11 @@ A method hooks into the run at named points, in this order:
 - ``start_epoch(epoch, epochs)``: schedules that depend on training progress (mass annealing);
 - ``loss(task, model, batch, training)``: the objective (the task's loss unless the method weights
   samples or adds a term);
+- ``gradients(task, model, batch, step)``: for methods that replace backprop (H-Tuning's zeroth/first-order
+  mix): fill every trainable ``.grad`` and return the detached batch loss; None (the default) lets the
+  trainer call ``loss(...).backward()``. ``step`` is the global training step (0, 1, ..., the same after a
+  resume), so a method seeds its randomness with ``seed * 1_000_003 + step`` (``seed`` from ``setup``) and a
+  resumed run draws what an uninterrupted one would. Validation always uses ``loss``;
 - ``diagnostics(task, model, data)``: extra numbers for ``metrics.json`` after training;
 - ``merge(model)``: fold adapters into plain weights at the end.
 
@@ -56,6 +61,11 @@ class Method:
     def loss(self, task: "Task", model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
         """The training objective on one batch (scalar); by default the task's own loss."""
         return task.loss(model, batch, training)
+
+    def gradients(self, task: "Task", model: nn.Module, batch: Any, step: int) -> torch.Tensor | None:
+        """Fill the trainable parameters' ``.grad`` for one training batch and return the detached loss, or
+        return None (the default) for the usual ``loss(...).backward()``."""
+        return None
 
     def diagnostics(self, task: "Task", model: nn.Module, data: "TaskData") -> dict[str, float]:
         """Numbers about the method itself after training (e.g. where its sample weights went)."""

@@ -70,7 +70,7 @@ class Run:
         model = task.rebuild(config.model, config.trust_checkpoint, adapter["task_state"])
         method = methods.get(adapter["method"])(**adapter["options"])
         torch.manual_seed(config.seed)
-        method.prepare(model)
+        model = method.prepare(model)
         method.load_trainable_state(
             model, load_tensors(path / "adapter.safetensors"), source=path / "adapter.safetensors"
         )
@@ -236,6 +236,68 @@ def evaluate(run: str | Path, data: str | None = None, device: str = "auto") -> 
     return evaluation.metrics
 
 
+def predict(run: str | Path, input: str | Path, output: str | Path) -> dict[str, Any]:
+    """Score every record of the folder ``input`` with a finished run's merged model (``workbench predict``).
+
+    Writes ``output`` (CSV, one row per record: the task's scores, thresholded labels and a ``status`` saying
+    why a bad record has none) and beside it ``<output stem>.json``: sha256 of the base model's files, the
+    adapter and the data card, the thresholds (task state), the workbench version. Both are written atomically.
+    Returns the sidecar's content.
+    """
+    import csv
+    import hashlib
+    import io
+    from datetime import datetime, timezone
+
+    import workbench
+    from workbench.datacard import load_card
+
+    folder, output = Path(input), Path(output)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no such folder (give --input a folder of records)")
+    if output.suffix.lower() != ".csv":
+        raise UserError(f"{output}: the output must be a .csv file")
+    finished = Run.load(run)
+    config = finished.config
+    task = tasks.get(config.task)(**config.task_options)
+    adapter = json.loads((finished.path / "adapter.json").read_text())
+    state = adapter["task_state"]
+    columns, rows = task.predict_folder(finished.model, folder, state)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(output, text.getvalue())
+
+    def sha256(path: Path) -> str:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+    cards = [task.card] if config.data is None else list(task.reads or (task.card,))
+    files = {
+        "base_model": {str(p): sha256(p) for p in task.model_files(config.model) if Path(p).is_file()},
+        "adapter": {name: sha256(finished.path / name) for name in ("adapter.safetensors", "adapter.json")},
+        "data_cards": {name: sha256(Path(load_card(name).path)) for name in cards},
+    }
+    statuses = [row.get("status", "ok") for row in rows]
+    record = {
+        "workbench_version": workbench.__version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "run": str(finished.path),
+        "task": config.task,
+        "method": adapter["method"],
+        "method_options": adapter["options"],
+        "input": str(folder),
+        "output": str(output),
+        "records": len(rows),
+        "failed": sum(status != "ok" for status in statuses),
+        "thresholds": state.get("thresholds"),
+        "classes": state.get("classes"),
+        "sha256": files,
+    }
+    write_json(output.with_suffix(".json"), record)
+    return record
+
+
 # -- steps of `adapt` ----------------------------------------------------------------------------
 def _init_distributed(device: str) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
@@ -341,6 +403,7 @@ def _run_method(
         progress=progress,
         label=name,
         epoch_start=method.start_epoch,
+        gradients=functools.partial(method.gradients, task),
     )
     history = trainer.fit(resume=resume)
     task_state = task.refit(model, data) or task_state

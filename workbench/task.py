@@ -156,6 +156,20 @@ class Task:
         """Input vectors (n, d) of samples, for density-ratio estimation in input space."""
         raise UserError(f"task '{self.name}' has no input vectors: density-ratio weighting does not fit it")
 
+    # -- batch prediction (``workbench predict``) ---------------------------------------------------
+    def predict_folder(
+        self, model: nn.Module, folder: Path, state: Mapping[str, Any]
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """Score every input file of ``folder`` with a run's merged ``model`` and its task ``state``.
+
+        Returns (CSV columns, one row per input); a bad input gets a row saying why, the others go on.
+        """
+        raise UserError(f"task '{self.name}' has no batch prediction")
+
+    def model_files(self, source: str | Path | None) -> list[Path]:
+        """The files of the base model ``source`` (the shipped one when None), hashed in prediction records."""
+        return []
+
     # -- data commands ---------------------------------------------------------------------------
     def info(self, data: str | Path | None) -> str:
         """A human-readable description of the data (``workbench data info``)."""

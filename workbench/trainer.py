@@ -72,6 +72,10 @@ class Trainer:
         progress: show a progress bar (rank 0 only).
         label: names the run in the progress bar and the log.
         epoch_start: ``epoch_start(epoch, epochs)`` called before each training epoch (schedules).
+        gradients: ``gradients(model, batch, step) -> loss | None``, tried before the usual backward pass at
+            global step ``step`` (0, 1, ... over the whole fit; the same after a resume): None keeps
+            ``loss_fn(...).backward()``; a (detached) loss means it has filled every trainable ``.grad`` itself
+            (`workbench.method.Method.gradients`). Under DDP such gradients are averaged over the processes.
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class Trainer:
         progress: bool = True,
         label: str = "train",
         epoch_start: Callable[[int, int], None] | None = None,
+        gradients: Callable[[nn.Module, Any, int], torch.Tensor | None] | None = None,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -98,6 +103,7 @@ class Trainer:
         self.device = torch.device(device)
         self.label = label
         self.epoch_start = epoch_start
+        self.gradients = gradients
         self.rank, self.world_size = distributed()
         self.progress = progress and self.rank == 0
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -139,11 +145,20 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> float:
         self.model.train()
         total, count = 0.0, 0
-        for samples in self._epoch_batches(epoch):
+        batches = self._epoch_batches(epoch)
+        for index, samples in enumerate(batches):
             batch = self.collate(samples, self.device)
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self.loss_fn(self.train_model, batch, True)
-            loss.backward()
+            step = epoch * len(batches) + index  # every epoch has the same number of batches
+            loss = None if self.gradients is None else self.gradients(self.model, batch, step)
+            if loss is None:
+                loss = self.loss_fn(self.train_model, batch, True)
+                loss.backward()
+            elif self.world_size > 1:  # the method wrote .grad itself: average it as DDP would
+                for p in self.params:
+                    if p.grad is not None:
+                        dist.all_reduce(p.grad)
+                        p.grad /= self.world_size
             if self.settings.clip_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(self.params, self.settings.clip_grad_norm)
             self.optimizer.step()

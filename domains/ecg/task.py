@@ -1,0 +1,379 @@
+"""The ``ptbxl`` task: adapt a pretrained 12-lead ECG classifier to a new site's records (5 PTB-XL superclasses).
+
+The situation it models (GitHub issue 3): a hospital holds a 12-lead ECG model pretrained elsewhere and a few
+labelled local records; it adapts the model within a small memory budget (H-Tuning) and compares with full
+fine-tuning and LoRA.
+
+Data:
+
+- default (no ``--data``): the embedded synthetic PTB-XL (card ``ptbxl-synthetic``, 4 sites). The shipped
+  teacher was pretrained on site 0 (the source clinic, `SOURCE_SITES`); the task adapts it to site
+  ``--target-site`` (default "1", the ambulance monitor: noisier, 35 Hz device low-pass, more MI and STTC —
+  where the shipped teacher loses most, see `DEFAULT_TARGET_SITE`). A target site holds 64 records, so
+  PTB-XL's folds (1–8 / 9 / 10) would leave 6 validation and 6 test records — too few for per-class
+  thresholds and AUROC. Within the target site the embedded set is therefore split by `EMBEDDED_FOLDS`:
+  folds 1–5 train (~33 records), 6–7 validation (~13), 8–10 test (~18);
+- ``--data FOLDER``: a folder in PTB-XL's published layout (``ptbxl_database.csv``, ``scp_statements.csv``,
+  ``records100/``, ``records500/``); the whole dataset is the target, split by its recommended folds (1–8
+  train, 9 validation, 10 test; `PTBXL_FOLDS`). ``--target-site`` is ignored there.
+
+Records are preprocessed for the model (`PREPROCESSING`: 1–47 Hz zero-phase band-pass, per-lead z-score,
+100 Hz, the first 1000 samples). Bad records are skipped and listed in the log (``--on-bad-record raise``
+stops instead), never zero-filled.
+
+Loss: BCE with logits over the 5 classes (multi-label), mean over batch and classes.
+
+Metrics (test split, higher is better): ``macro_auroc`` (headline) and ``macro_average_precision`` over the
+classes with both positive and negative test records; ``macro_f1`` over all classes at per-class thresholds
+chosen on the validation split (the threshold maximising the class's validation F1; 0.5 for a class with no
+validation positive). Per-class values are in ``metrics.json`` (``auroc_<class>``, ``f1_<class>``). The
+thresholds of the chosen method are saved in the task state (``adapter.json``), where ``workbench predict``
+reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from workbench.domains.ecg.preprocess import EcgPreprocessing
+from workbench.domains.ecg.readers import (
+    EMBEDDED_PTBXL,
+    PTBXL_FOLDS,
+    SUPERCLASSES,
+    BadRecordError,
+    EcgSet,
+    read_embedded,
+    read_ptbxl,
+    read_record,
+)
+from workbench.models.ecg import SHIPPED_CHECKPOINT, load_ecg_model
+
+from workbench.errors import UserError
+from workbench.options import Option
+from workbench.registry import tasks
+from workbench.task import Evaluation, Task, TaskData
+
+log = logging.getLogger(__name__)
+
+#: How records become inputs of the shipped (100 Hz, 1000-sample) models.
+PREPROCESSING = EcgPreprocessing(sampling_rate_hz=100, n_samples=1000)
+#: Sites of the embedded set the shipped teacher was pretrained on.
+SOURCE_SITES: tuple[str, ...] = ("0",)
+#: Macro AUROC of the shipped teacher (all records of a site, thresholds irrelevant): source site 0 0.93 (its
+#: training data included), site 1 0.85, site 2 0.96, site 3 0.88 — site 1 loses most: the default target.
+DEFAULT_TARGET_SITE = "1"
+#: Split within one embedded target site (64 records): PTB-XL's 1–8 / 9 / 10 would leave 6 test records.
+EMBEDDED_FOLDS: dict[str, tuple[int, ...]] = {"train": (1, 2, 3, 4, 5), "val": (6, 7), "test": (8, 9, 10)}
+
+
+@dataclass
+class EcgSample:
+    """One record: ``ecg (12, n_samples)`` float32, ``labels (n_classes,)`` float32 multi-hot, its record id."""
+
+    ecg: np.ndarray
+    labels: np.ndarray
+    record: str
+
+
+@dataclass
+class EcgSplits:
+    """What `PtbXl.read` returns: the target's splits and where they came from."""
+
+    train: EcgSet
+    val: EcgSet
+    test: EcgSet
+    source: str
+    description: str
+
+
+def _samples(records: EcgSet) -> list[EcgSample]:
+    return [EcgSample(records.signals[i], records.labels[i], str(records.record_ids[i])) for i in range(len(records))]
+
+
+def choose_thresholds(truth: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+    """Per-class threshold maximising the F1 of ``probabilities >= t`` on (validation) ``truth``.
+
+    Candidates are the class's distinct probabilities (and 0.5); ties go to the threshold closest to 0.5.
+    A class without a positive record keeps 0.5.
+
+    Shapes:
+        truth, probabilities (n_records, n_classes) → (n_classes,)
+    """
+    from sklearn.metrics import f1_score
+
+    thresholds = np.full(truth.shape[1], 0.5)
+    for k in range(truth.shape[1]):
+        if truth[:, k].sum() == 0:
+            continue
+        candidates = np.unique(np.concatenate([probabilities[:, k], [0.5]]))
+        scores = [f1_score(truth[:, k], probabilities[:, k] >= t, zero_division=0) for t in candidates]
+        best = max(scores)
+        thresholds[k] = min((t for t, s in zip(candidates, scores) if s == best), key=lambda t: abs(t - 0.5))
+    return thresholds
+
+
+def multilabel_scores(
+    truth: np.ndarray, probabilities: np.ndarray, thresholds: np.ndarray, classes: Sequence[str]
+) -> dict[str, float]:
+    """Macro AUROC / average precision (classes with both labels present) and macro F1 at ``thresholds``."""
+    from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
+
+    predicted = probabilities >= thresholds
+    scores: dict[str, float] = {}
+    aurocs, precisions = [], []
+    for k, name in enumerate(classes):
+        key = name.lower()
+        if 0 < truth[:, k].sum() < len(truth):
+            aurocs.append(roc_auc_score(truth[:, k], probabilities[:, k]))
+            precisions.append(average_precision_score(truth[:, k], probabilities[:, k]))
+            scores[f"auroc_{key}"] = float(aurocs[-1])
+        scores[f"f1_{key}"] = float(f1_score(truth[:, k], predicted[:, k], zero_division=0))
+    if not aurocs:
+        raise UserError("no class has both positive and negative records in the test split: AUROC is undefined")
+    f1s = [scores[f"f1_{name.lower()}"] for name in classes]
+    return {
+        "macro_auroc": float(np.mean(aurocs)),
+        "macro_average_precision": float(np.mean(precisions)),
+        "macro_f1": float(np.mean(f1s)),
+        **scores,
+    }
+
+
+@tasks.register
+class PtbXl(Task):
+    """Adapt a 12-lead ECG classifier to a target site (embedded) or to PTB-XL (``--data``)."""
+
+    name = "ptbxl"
+    description = "Adapt a pretrained 12-lead ECG classifier (NORM/MI/STTC/CD/HYP) to a new site; PTB-XL layout"
+    card = "ptbxl-synthetic"
+    reads = ("ptbxl",)
+    model_family = "ecg"
+    default_method = "htuning"
+    baselines = ("full", "lora")
+    metrics = ("macro_auroc", "macro_average_precision", "macro_f1")
+    metrics_note = (
+        "Scores on the target's test split, higher is better: macro AUROC and macro average precision over the "
+        "classes with positive and negative test records, macro F1 at per-class thresholds chosen on validation. "
+        "In metrics.json `costs` gives each method's trainable parameters, train_seconds and peak_memory_bytes; "
+        "on CPU peak_memory_bytes is the process's resident high-water mark, which only grows across the "
+        "methods of one run (the chosen method runs first) — compare training memory with "
+        "benchmarks/ecg_htuning.py, which runs each method in a fresh process, or on a GPU."
+    )
+    #: train/val sizes: at most this many records of the split (all of them, for any real data set); one learning
+    #: rate for every method (full fine-tuning's own 5e-3, chosen for MACE, diverges on this transformer).
+    defaults = {
+        "epochs": 30,
+        "batch_size": 8,
+        "train_size": 100_000,
+        "val_size": 100_000,
+        "patience": 10,
+        "learning_rate": 1e-3,
+    }
+    options = (
+        Option("target_site", str, DEFAULT_TARGET_SITE, "embedded data: the site to adapt to (1, 2 or 3)"),
+        Option(
+            "on_bad_record",
+            str,
+            "skip",
+            "a bad record (truncated, NaN, missing lead, wrong rate) is skipped and reported, or stops the run",
+            choices=("skip", "raise"),
+        ),
+    )
+
+    # -- data and model --------------------------------------------------------------------------
+    def read(self, data: str | Path | None, seed: int = 0) -> EcgSplits:
+        if data is None:
+            site = str(self.config["target_site"])
+            if site in SOURCE_SITES:
+                raise UserError(f"--target-site {site} is the source site of the shipped teacher; choose 1, 2 or 3")
+            records = read_embedded(PREPROCESSING, on_error=self.config["on_bad_record"])
+            if site not in set(records.sites.tolist()):
+                raise UserError(f"--target-site {site}: the embedded data has sites {sorted(set(records.sites))}")
+            target = records.subset(records.sites == site)
+            splits = target.split(EMBEDDED_FOLDS)
+            source = f"{EMBEDDED_PTBXL} (site {site})"
+            description = f"embedded synthetic PTB-XL, target site {site} (folds 1-5 / 6-7 / 8-10)"
+        else:
+            path = Path(data)
+            if not (path / "ptbxl_database.csv").is_file():
+                raise UserError(
+                    f"{path}: expected a folder in PTB-XL's layout (ptbxl_database.csv, scp_statements.csv, "
+                    "records100/, records500/)"
+                )
+            records = read_ptbxl(path, PREPROCESSING, on_error=self.config["on_bad_record"], card="ptbxl")
+            splits = records.split(PTBXL_FOLDS)
+            source, description = str(path), f"PTB-XL layout at {path} (folds 1-8 / 9 / 10)"
+        if len(records.skipped):
+            log.warning("%s", records.skipped.summary())
+        for name in ("train", "val", "test"):
+            if len(splits[name]) == 0:
+                raise UserError(f"{source}: the {name} split has no usable record")
+        return EcgSplits(splits["train"], splits["val"], splits["test"], source, description)
+
+    def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
+        model = load_ecg_model(SHIPPED_CHECKPOINT if source is None else source)
+        if model.architecture["n_classes"] != len(SUPERCLASSES):
+            raise UserError(f"{source}: the model has {model.architecture['n_classes']} outputs; ptbxl needs 5")
+        return model
+
+    def prepare(
+        self, model: nn.Module, raw: EcgSplits, train_size: int, val_size: int, seed: int
+    ) -> tuple[TaskData, dict[str, Any]]:
+        rng = np.random.default_rng(seed)
+        train = _samples(raw.train.subset(np.sort(rng.permutation(len(raw.train))[:train_size])))
+        val = _samples(raw.val.subset(np.sort(rng.permutation(len(raw.val))[:val_size])))
+        test = _samples(raw.test)
+        self._val = val
+        summary = {
+            "data": raw.description,
+            "records": {"train": len(train), "val": len(val), "test": len(test)},
+            "test_class_counts": raw.test.class_counts(),
+            "train_class_counts": raw.train.class_counts(),
+        }
+        data = TaskData(train, val, test, raw.source, summary)
+        return data, self._state(self._thresholds(model, val))
+
+    def _state(self, thresholds: np.ndarray) -> dict[str, Any]:
+        return {
+            "classes": list(SUPERCLASSES),
+            "thresholds": [float(t) for t in thresholds],
+            "preprocessing": asdict(PREPROCESSING),
+        }
+
+    def _thresholds(self, model: nn.Module, val: Sequence[EcgSample]) -> np.ndarray:
+        truth, probabilities = self._predict(model, val, _device(model))
+        thresholds = choose_thresholds(truth, probabilities)
+        model.ecg_thresholds = thresholds.tolist()
+        return thresholds
+
+    def refit(self, model: nn.Module, data: TaskData) -> dict[str, Any] | None:
+        """After training: choose the per-class thresholds on the validation split."""
+        return self._state(self._thresholds(model, data.val))
+
+    def restore(self, model: nn.Module, state: Mapping[str, Any]) -> None:
+        model.ecg_thresholds = [float(t) for t in state["thresholds"]]
+
+    def test_samples(self, model: nn.Module, raw: EcgSplits) -> list[EcgSample]:
+        return _samples(raw.test)
+
+    # -- training and scoring --------------------------------------------------------------------
+    def collate(self, samples: Sequence[EcgSample], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        ecg = torch.as_tensor(np.stack([s.ecg for s in samples]), device=device)
+        labels = torch.as_tensor(np.stack([s.labels for s in samples]), device=device)
+        return ecg, labels
+
+    @staticmethod
+    def logits_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """BCE with logits, mean over batch and classes."""
+        return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+
+    def loss(self, model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
+        ecg, labels = batch
+        return self.logits_loss(model(ecg), labels)
+
+    def sample_losses(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        ecg, labels = batch
+        return F.binary_cross_entropy_with_logits(model(ecg), labels, reduction="none").mean(dim=1)
+
+    def _predict(
+        self, model: nn.Module, samples: Sequence[EcgSample], device, batch_size: int = 64
+    ) -> tuple[np.ndarray, np.ndarray]:
+        model.eval()
+        probabilities = []
+        with torch.no_grad():
+            for start in range(0, len(samples), batch_size):
+                ecg, _ = self.collate(samples[start : start + batch_size], device)
+                probabilities.append(torch.sigmoid(model(ecg.to(next(model.parameters()).dtype))).cpu().numpy())
+        truth = np.stack([s.labels for s in samples])
+        return truth, np.concatenate(probabilities)
+
+    def evaluate(self, model: nn.Module, samples: Sequence[EcgSample], device) -> Evaluation:
+        """Scores on ``samples`` at thresholds chosen on this run's validation split (or the model's saved ones)."""
+        if getattr(self, "_val", None):
+            thresholds = self._thresholds(model, self._val)
+        else:
+            thresholds = np.asarray(getattr(model, "ecg_thresholds", [0.5] * len(SUPERCLASSES)))
+        truth, probabilities = self._predict(model, samples, device)
+        metrics = multilabel_scores(truth, probabilities, thresholds, SUPERCLASSES)
+        return Evaluation(metrics, {"truth": truth, "probabilities": probabilities, "thresholds": thresholds})
+
+    def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
+        from workbench.domains.ecg import plots
+
+        return [plots.roc_curves(evaluations, SUPERCLASSES, out_dir), plots.confusion_tables(evaluations, out_dir)]
+
+    # -- batch prediction ------------------------------------------------------------------------
+    def predict_folder(
+        self, model: nn.Module, folder: Path, state: Mapping[str, Any]
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """Score every WFDB record (``*.hea``, recursively) of ``folder``: (CSV columns, one row per record).
+
+        A bad record gets ``status`` "error: <why>" and empty scores; the others go on.
+        """
+        classes = list(state["classes"])
+        thresholds = np.asarray(state["thresholds"], dtype=float)
+        settings = PREPROCESSING if "preprocessing" not in state else _preprocessing(state["preprocessing"])
+        headers = sorted(Path(folder).rglob("*.hea"))
+        if not headers:
+            raise UserError(f"{folder}: no WFDB record (*.hea) in this folder")
+        columns = ["record", "status"] + [f"p_{c}" for c in classes] + [f"label_{c}" for c in classes]
+        rows = []
+        model.eval()
+        dtype = next(model.parameters()).dtype
+        for header in headers:
+            row: dict[str, Any] = {"record": str(header.relative_to(folder).with_suffix(""))}
+            try:
+                signal, _ = read_record(header, settings)
+            except BadRecordError as error:
+                rows.append({**row, "status": f"error: {error.problem}"})
+                continue
+            with torch.no_grad():
+                p = torch.sigmoid(model(torch.as_tensor(signal[None], dtype=dtype)))[0].numpy()
+            row["status"] = "ok"
+            row.update({f"p_{c}": f"{p[k]:.6f}" for k, c in enumerate(classes)})
+            row.update({f"label_{c}": int(p[k] >= thresholds[k]) for k, c in enumerate(classes)})
+            rows.append(row)
+        return columns, rows
+
+    def model_files(self, source: str | Path | None) -> list[Path]:
+        """The base model's files (for the hashes in ``predictions.json``)."""
+        path = Path(source) if source is not None else SHIPPED_CHECKPOINT
+        return [path, path.with_suffix(".json")]
+
+    # -- data commands ---------------------------------------------------------------------------
+    def info(self, data: str | Path | None) -> str:
+        records = read_embedded(PREPROCESSING) if data is None else read_ptbxl(data, PREPROCESSING, card="ptbxl")
+        lines = [
+            f"source: {records.source}",
+            f"records: {len(records)} × {records.signals.shape[1]} leads × {records.signals.shape[2]} samples "
+            f"at {records.sampling_rate_hz:g} Hz (after preprocessing)",
+            f"classes: {records.class_counts()}",
+            f"sites: {records.site_counts()}",
+            records.skipped.summary(),
+        ]
+        return "\n".join(lines)
+
+    def pretrain(self, out: Path, **kwargs: Any) -> str:
+        from workbench.domains.ecg.pretrain import pretrain
+
+        scores = pretrain(out, **kwargs)
+        return f"wrote {out} (+ {Path(out).with_suffix('.json').name}); source validation {scores}"
+
+
+def _preprocessing(content: Mapping[str, Any]) -> EcgPreprocessing:
+    content = dict(content)
+    if content.get("bandpass_hz") is not None:
+        content["bandpass_hz"] = tuple(content["bandpass_hz"])
+    content["leads"] = tuple(content["leads"])
+    return EcgPreprocessing(**content)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

@@ -1,0 +1,114 @@
+"""The ``ptbxl`` task end to end through the CLI: adapt on the embedded data, re-score, batch prediction."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import pytest
+from workbench.domains.ecg.readers import EMBEDDED_PTBXL
+from workbench.domains.ecg.task import choose_thresholds
+
+import workbench
+from workbench.cli import main
+
+RECORDS = EMBEDDED_PTBXL / "records100" / "00000"
+
+
+def cli(argv, capsys):
+    """(exit code, stdout, stderr) of ``workbench argv`` run in this process."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ptbxl") / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["adapt", "--domain", "ptbxl", "--epochs", "2", "--quiet", "--out", str(out)])
+    assert exit_info.value.code == 0
+    return out
+
+
+@pytest.mark.slow
+def test_adapt_writes_metrics_costs_and_report(run_dir):
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["method"] == "htuning" and set(metrics["baselines"]) == {"full", "lora"}
+    for scores in (metrics["before"], metrics["after"], *metrics["baselines"].values()):
+        for key in ("macro_auroc", "macro_average_precision", "macro_f1"):
+            assert 0.0 <= scores[key] <= 1.0, key
+    for name in ("htuning", "full", "lora"):
+        cost = metrics["costs"][name]
+        assert cost["peak_memory_bytes"] > 0 and cost["train_seconds"] > 0
+        assert 0 < cost["trainable_parameters"] <= cost["total_parameters"]
+    assert metrics["costs"]["htuning"]["trainable_parameters"] < metrics["costs"]["full"]["trainable_parameters"]
+    for name in ("report.md", "roc_curves.png", "confusion_tables.png", "adapter.safetensors"):
+        assert (run_dir / name).is_file(), name
+    state = json.loads((run_dir / "adapter.json").read_text())["task_state"]
+    assert state["classes"] == ["NORM", "MI", "STTC", "CD", "HYP"] and len(state["thresholds"]) == 5
+
+
+@pytest.mark.slow
+def test_reloaded_run_scores_as_recorded(run_dir):
+    after = json.loads((run_dir / "metrics.json").read_text())["after"]
+    again = workbench.evaluate(run_dir)
+    for key in ("macro_auroc", "macro_average_precision", "macro_f1"):
+        assert again[key] == pytest.approx(after[key], abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_predict_reports_a_corrupt_record_and_scores_the_rest(run_dir, tmp_path, capsys):
+    folder = tmp_path / "records"
+    folder.mkdir()
+    for suffix in (".hea", ".dat"):
+        shutil.copy(RECORDS / f"00001_lr{suffix}", folder / f"00001_lr{suffix}")
+        shutil.copy(RECORDS / f"00002_lr{suffix}", folder / f"00002_lr{suffix}")
+    data = (folder / "00002_lr.dat").read_bytes()
+    (folder / "00002_lr.dat").write_bytes(data[: len(data) // 3])  # truncated
+    output = tmp_path / "out" / "predictions.csv"
+    code, out, err = cli(["predict", "--run", run_dir, "--input", folder, "--output", output], capsys)
+    assert code == 0, err
+    rows = list(csv.DictReader(output.open()))
+    assert [row["record"] for row in rows] == ["00001_lr", "00002_lr"]
+    assert rows[0]["status"] == "ok" and 0.0 <= float(rows[0]["p_NORM"]) <= 1.0 and rows[0]["label_NORM"] in "01"
+    assert rows[1]["status"].startswith("error:") and "truncated" in rows[1]["status"] and rows[1]["p_NORM"] == ""
+    sidecar = json.loads((tmp_path / "out" / "predictions.json").read_text())
+    assert sidecar["records"] == 2 and sidecar["failed"] == 1 and len(sidecar["thresholds"]) == 5
+    assert sidecar["workbench_version"] == workbench.__version__
+    hashes = sidecar["sha256"]
+    assert set(hashes["adapter"]) == {"adapter.safetensors", "adapter.json"}
+    assert len(hashes["base_model"]) == 2 and "ptbxl-synthetic" in hashes["data_cards"]
+
+
+@pytest.mark.slow
+def test_predict_bad_input_is_a_clear_error(run_dir, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        (["--run", tmp_path / "nothing", "--input", empty], "not a finished run"),
+        (["--run", run_dir, "--input", tmp_path / "missing"], "no such folder"),
+        (["--run", run_dir, "--input", empty], "no WFDB record"),
+    ]
+    for arguments, message in cases:
+        code, _, err = cli(["predict", *arguments, "--output", tmp_path / "p.csv"], capsys)
+        assert code == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_adapt_refuses_the_source_site(tmp_path, capsys):
+    code, _, err = cli(["adapt", "--domain", "ptbxl", "--target-site", "0", "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "source site" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_thresholds_maximise_validation_f1():
+    import numpy as np
+
+    truth = np.array([[1, 0], [1, 0], [0, 0], [0, 1]], dtype=float)
+    probabilities = np.array([[0.9, 0.2], [0.3, 0.1], [0.2, 0.4], [0.1, 0.35]])
+    thresholds = choose_thresholds(truth, probabilities)
+    assert thresholds[0] == pytest.approx(0.3)  # both positives above, the negatives below
+    assert thresholds[1] == pytest.approx(0.35)  # the one positive ranks second: F1 2/3
