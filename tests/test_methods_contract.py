@@ -44,6 +44,31 @@ def mlp_case(ethanol):
     return build, lambda model: {"logits": model(x)}, loss
 
 
+def graph_case(encoder):
+    """Case builder for graph methods training a `GraphNet` with ``encoder`` (the base already has it)."""
+
+    def case(ethanol):
+        from workbench.domains.graphs.graph import Graph
+        from workbench.models.graph import GraphNet
+
+        generator = torch.Generator().manual_seed(0)
+        ring = torch.arange(12)
+        edges = torch.stack([torch.cat([ring, ring]), torch.cat([(ring + 1) % 12, (ring + 5) % 12])])
+        edge_index = torch.cat([edges, edges.flip(0)], dim=1)
+        graph = Graph(torch.randn(12, 5, generator=generator, dtype=torch.float64), edge_index, ring % 3, "ring")
+
+        def build():
+            torch.manual_seed(0)
+            return GraphNet(5, 3, hidden_channels=8, encoder=encoder).double()
+
+        def loss(model):
+            return torch.nn.functional.cross_entropy(model(graph), graph.y)
+
+        return build, lambda model: {"logits": model(graph)}, loss
+
+    return case
+
+
 def ecg_case(ethanol):
     """(base model builder, outputs, step) with a tiny `ECGEncoder` (float64) on a random 12-lead batch."""
     from workbench.models.ecg import ECGEncoder
@@ -75,6 +100,11 @@ CASES = {
     "dre-ulsif": ({}, mlp_case),
     "dre-kliep": ({}, mlp_case),
     "dre-logistic": ({}, mlp_case),
+    "homophily": ({}, graph_case("mixed")),
+    "mixed-filters": ({}, graph_case("mixed")),
+    "gcn": ({}, graph_case("gcn")),
+    "mlp": ({}, graph_case("mlp")),
+    "udagcn": ({}, graph_case("gcn")),
     "lora": ({"rank": 2, "alpha": 2.0}, ecg_case),
     "htuning": ({"rank": 2, "alpha": 2.0}, ecg_case),
 }

@@ -12,9 +12,14 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SMALL_SETTINGS = {
     "rmd17_quickstart.ipynb": {"EPOCHS": 2, "TRAIN_SIZE": 10, "MD_STEPS": 20},
     "shift_quickstart.ipynb": {"EPOCHS": 2, "DIM": 10},
+    "graphs_quickstart.ipynb": {"EPOCHS": 3, "NODES": 200},
 }
 #: A line each notebook prints when it ran to its end.
-EXPECTED = {"rmd17_quickstart.ipynb": "total-energy drift", "shift_quickstart.ipynb": "target MSE"}
+EXPECTED = {
+    "rmd17_quickstart.ipynb": "total-energy drift",
+    "shift_quickstart.ipynb": "target MSE",
+    "graphs_quickstart.ipynb": "target accuracy",
+}
 
 
 def test_every_notebook_has_settings():

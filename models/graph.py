@@ -1,0 +1,260 @@
+"""Node classifiers on graphs: the mixed-filter encoder of HGDA, a GCN and an MLP, behind one wrapper.
+
+Mixed filters (Fang et al., "Homophily Enhanced Graph Domain Adaptation", ICML 2025): three branches
+filter the node signal with
+
+    low-pass   F_L = Ã = D̃^-½ (A + I) D̃^-½          (smooths over neighbours: homophilous graphs)
+    high-pass  F_H = I − Ã                           (differences to neighbours: heterophilous graphs)
+    full-pass  F_F = I                               (the node's own features)
+
+and each stacks ``layers`` layers ``H ← ReLU(α · F · H · W)`` (a learnable scalar α per layer, W without
+bias). The branch embeddings mix with learnable weights, ``Z = Σ_b w_b Z_b``, and a linear head gives
+class logits. Every filter is a sparse product (``torch.sparse.mm`` with Ã in COO form, computed once per
+graph and cached): cost and memory grow with the number of edges, never with n².
+
+Baselines share the wrapper: a 2-layer GCN (Kipf & Welling, ICLR 2017; PyG's ``GCNConv``) and an MLP
+that ignores the edges, each with the same hidden width and linear head. `GraphNet` holds one encoder
+and the head; `GraphNet.set_encoder` swaps the encoder in place (what the ``gcn`` / ``mlp`` methods do
+with the task's mixed-filter base model).
+
+Shapes:
+    x (n_nodes, in_features) float, edge_index (2, n_edges) int64 (both directions of each edge)
+    → branch embeddings [(n_nodes, hidden_channels)] × n_branches → z (n_nodes, hidden_channels)
+    → logits (n_nodes, n_classes)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
+from workbench.errors import UserError
+from workbench.model import ModelFamily
+from workbench.registry import models
+
+ENCODERS = ("mixed", "gcn", "mlp")
+BRANCHES = ("low", "high", "full")
+
+
+class GraphInput(Protocol):
+    """What the encoders read from a graph (`workbench.domains.graphs.graph.Graph` is one)."""
+
+    x: torch.Tensor
+    edge_index: torch.Tensor
+
+    def propagator(self, dtype: torch.dtype) -> torch.Tensor: ...
+
+
+def normalized_adjacency(edge_index: torch.Tensor, n_nodes: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Ã = D̃^-½ (A + I) D̃^-½ as a sparse COO tensor (n_nodes, n_nodes), D̃ the degrees of A + I.
+
+    ``edge_index`` (2, n_edges) lists both directions of every undirected edge; existing self loops are
+    kept once (weight 1), missing ones added. Built with PyG's ``gcn_norm`` — the same normalisation as
+    ``GCNConv`` — so the low-pass branch and the GCN baseline smooth identically.
+    """
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+    index, weight = gcn_norm(edge_index, None, n_nodes, add_self_loops=True, dtype=dtype)
+    return torch.sparse_coo_tensor(index, weight, (n_nodes, n_nodes), check_invariants=False).coalesce()
+
+
+class MixedFilterEncoder(nn.Module):
+    """Low-, high- and full-pass branches, ``layers`` layers each, mixed by learnable weights.
+
+    Args:
+        in_features: node feature dimension.
+        hidden_channels: width of every layer and of the embedding (64 in HGDA).
+        layers: layers per branch (2 in HGDA).
+    """
+
+    def __init__(self, in_features: int, hidden_channels: int = 64, layers: int = 2, dropout: float = 0.0):
+        super().__init__()
+        self.dropout = dropout
+        self.weights = nn.ModuleDict(
+            {
+                branch: nn.ModuleList(
+                    nn.Linear(in_features if i == 0 else hidden_channels, hidden_channels, bias=False)
+                    for i in range(layers)
+                )
+                for branch in BRANCHES
+            }
+        )
+        #: α of each layer of each branch (rows follow BRANCHES).
+        self.alpha = nn.Parameter(torch.ones(len(BRANCHES), layers))
+        #: w_b, the mixing weight of each branch.
+        self.mix = nn.Parameter(torch.full((len(BRANCHES),), 1.0 / len(BRANCHES)))
+
+    @staticmethod
+    def filter(branch: str, propagator: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """F_b · h for one branch: Ã h, h − Ã h, or h (sparse products only)."""
+        if branch == "full":
+            return h
+        smoothed = torch.sparse.mm(propagator, h)
+        return smoothed if branch == "low" else h - smoothed
+
+    def forward(self, graph: GraphInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(z (n, hidden), [z_low, z_high, z_full] each (n, hidden))."""
+        propagator = graph.propagator(graph.x.dtype)
+        parts = []
+        for b, branch in enumerate(BRANCHES):
+            h = graph.x
+            for layer, linear in enumerate(self.weights[branch]):
+                h = F.dropout(h, self.dropout, self.training)
+                h = torch.relu(self.alpha[b, layer] * self.filter(branch, propagator, linear(h)))
+            parts.append(h)
+        z = sum(w * part for w, part in zip(self.mix, parts))
+        return z, parts
+
+
+class GCNEncoder(nn.Module):
+    """``layers`` PyG ``GCNConv`` layers with ReLU (Kipf & Welling 2017); one branch."""
+
+    def __init__(self, in_features: int, hidden_channels: int = 64, layers: int = 2, dropout: float = 0.0):
+        super().__init__()
+        from torch_geometric.nn import GCNConv
+
+        self.dropout = dropout
+        self.convs = nn.ModuleList(
+            GCNConv(in_features if i == 0 else hidden_channels, hidden_channels) for i in range(layers)
+        )
+
+    def forward(self, graph: GraphInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        h = graph.x
+        for conv in self.convs:
+            h = torch.relu(conv(F.dropout(h, self.dropout, self.training), graph.edge_index))
+        return h, [h]
+
+
+class MLPEncoder(nn.Module):
+    """``layers`` linear layers with ReLU; ignores the edges (the structure-free baseline)."""
+
+    def __init__(self, in_features: int, hidden_channels: int = 64, layers: int = 2, dropout: float = 0.0):
+        super().__init__()
+        self.dropout = dropout
+        self.linears = nn.ModuleList(
+            nn.Linear(in_features if i == 0 else hidden_channels, hidden_channels) for i in range(layers)
+        )
+
+    def forward(self, graph: GraphInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        h = graph.x
+        for linear in self.linears:
+            h = torch.relu(linear(F.dropout(h, self.dropout, self.training)))
+        return h, [h]
+
+
+def build_encoder(kind: str, in_features: int, hidden_channels: int, layers: int, dropout: float = 0.0) -> nn.Module:
+    """A fresh encoder of ``kind`` (one of ENCODERS)."""
+    classes = {"mixed": MixedFilterEncoder, "gcn": GCNEncoder, "mlp": MLPEncoder}
+    if kind not in classes:
+        raise UserError(f"unknown graph encoder '{kind}'; known: {', '.join(ENCODERS)}")
+    return classes[kind](in_features, hidden_channels, layers, dropout)
+
+
+class GraphNet(nn.Module):
+    """An encoder (mixed filters, GCN or MLP) and a linear head: node class logits.
+
+    Args:
+        in_features: node feature dimension.
+        n_classes: number of classes.
+        hidden_channels: embedding width (64).
+        layers: encoder layers (per branch for mixed filters) (2).
+        encoder: "mixed", "gcn" or "mlp".
+        dropout: dropout probability on the input of every encoder layer while training (0).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        n_classes: int,
+        hidden_channels: int = 64,
+        layers: int = 2,
+        encoder: str = "mixed",
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        self.architecture: dict[str, Any] = {
+            "in_features": int(in_features),
+            "n_classes": int(n_classes),
+            "hidden_channels": int(hidden_channels),
+            "layers": int(layers),
+            "encoder": encoder,
+            "dropout": float(dropout),
+        }
+        if not 0.0 <= dropout < 1.0:
+            raise UserError(f"dropout must be in [0, 1), got {dropout}")
+        self.encoder = build_encoder(encoder, in_features, hidden_channels, layers, dropout)
+        self.head = nn.Linear(hidden_channels, n_classes)
+
+    @property
+    def kind(self) -> str:
+        return self.architecture["encoder"]
+
+    def set_encoder(self, kind: str) -> "GraphNet":
+        """Replace the encoder, in place, by a fresh one of ``kind`` with the same sizes (no-op if it already is)."""
+        if kind != self.kind:
+            arch = self.architecture
+            device = self.head.weight.device
+            dtype = self.head.weight.dtype
+            self.encoder = build_encoder(
+                kind, arch["in_features"], arch["hidden_channels"], arch["layers"], arch.get("dropout", 0.0)
+            ).to(device, dtype)
+            self.architecture = {**arch, "encoder": kind}
+        return self
+
+    def embed(self, graph: GraphInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(z (n, hidden), branch embeddings [(n, hidden)]) of every node of ``graph``."""
+        if graph.x.shape[1] != self.architecture["in_features"]:
+            raise UserError(
+                f"the graph has {graph.x.shape[1]} node features; the model takes {self.architecture['in_features']}"
+            )
+        return self.encoder(graph)
+
+    def forward(self, graph: GraphInput) -> torch.Tensor:
+        """Class logits (n_nodes, n_classes)."""
+        return self.head(self.embed(graph)[0])
+
+
+def save_graph_net(model: GraphNet, path: str | Path) -> None:
+    """Weights to ``path`` (.safetensors) and the architecture to the ``.json`` beside it."""
+    path = Path(path)
+    save_tensors(path, {k: v.detach().cpu() for k, v in model.state_dict().items()}, metadata={"model": "gnn"})
+    write_json(path.with_suffix(".json"), model.architecture)
+
+
+def load_graph_net(path: str | Path) -> GraphNet:
+    """A `GraphNet` saved by `save_graph_net` (safetensors + the JSON of its architecture)."""
+    path = Path(path)
+    architecture_path = path.with_suffix(".json")
+    if path.suffix != ".safetensors" or not path.is_file() or not architecture_path.is_file():
+        raise UserError(
+            f"{path}: expected a graph model checkpoint (.safetensors with its .json architecture beside it)"
+        )
+    try:
+        architecture: Mapping[str, Any] = json.loads(architecture_path.read_text())
+        model = GraphNet(**architecture)
+    except (json.JSONDecodeError, TypeError) as error:
+        raise UserError(
+            f"{architecture_path}: expected {{'in_features': int, 'n_classes': int, 'hidden_channels': int, "
+            f"'layers': int, 'encoder': one of {list(ENCODERS)}}} ({error})"
+        ) from None
+    state = load_tensors(path)
+    check_state_fits(model.state_dict(), state, path, "checkpoint does not fit its architecture")
+    model.load_state_dict(state)
+    return model
+
+
+@models.register
+class GraphFamily(ModelFamily):
+    name = "gnn"
+    description = "Node classifiers: HGDA mixed low/high/full-pass filters, GCN, MLP (+ linear head)"
+
+    def load(self, source: str | Path | None = None, *, trust_checkpoint: bool = False, dtype=torch.float32):
+        if source is None:
+            raise UserError("the gnn family ships no pretrained checkpoint; the csbm task builds one from the data")
+        return load_graph_net(source).to(dtype)
