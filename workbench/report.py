@@ -5,14 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import matplotlib
+import yaml
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import yaml  # noqa: E402
-
-from workbench.config import RunConfig  # noqa: E402
-from workbench.task import TaskData  # noqa: E402
+from workbench.config import RunConfig
+from workbench.task import TaskData
 
 
 def _rows(metrics: Mapping[str, Any]) -> list[tuple[str, Mapping[str, float], Mapping[str, Any] | None]]:
@@ -55,7 +52,8 @@ def learning_curves(
     results: Mapping[str, Mapping[str, Any]], out_dir: Path, name: str = "learning_curves.png"
 ) -> tuple[str, str]:
     """Training and validation loss per epoch for every method (log scale)."""
-    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    figure = Figure(figsize=(6.4, 4.2))
+    axis = figure.subplots()
     for index, (method, result) in enumerate(results.items()):
         epochs = [h["epoch"] + 1 for h in result["history"]]
         color = f"C{index}"
@@ -68,7 +66,6 @@ def learning_curves(
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(Path(out_dir) / name, dpi=110)
-    plt.close(figure)
     return "Learning curves (dots: the epoch whose weights were kept)", name
 
 

@@ -5,18 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from workbench.task import Evaluation  # noqa: E402
+from workbench.task import Evaluation
 
 
 def parity(evaluations: Mapping[str, Evaluation], out_dir: Path, name: str = "parity.png") -> tuple[str, str]:
     """One column per model: energy (relative to the mean reference, meV) and force components (eV/Å)."""
     columns = len(evaluations)
-    figure, axes = plt.subplots(2, columns, figsize=(3.2 * columns, 6.4), squeeze=False)
+    figure = Figure(figsize=(3.2 * columns, 6.4))
+    axes = figure.subplots(2, columns, squeeze=False)
     for column, (label, evaluation) in enumerate(evaluations.items()):
         p, m = evaluation.predictions, evaluation.metrics
         offset = p["energy_ref_ev"].mean()
@@ -46,5 +44,4 @@ def parity(evaluations: Mapping[str, Evaluation], out_dir: Path, name: str = "pa
             axis.tick_params(labelsize=7)
     figure.tight_layout()
     figure.savefig(Path(out_dir) / name, dpi=110)
-    plt.close(figure)
     return "Parity of energies and forces on the test split, per model", name

@@ -5,20 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from workbench.task import Evaluation  # noqa: E402
+from workbench.task import Evaluation
 
 
 def roc_curves(evaluations: Mapping[str, Evaluation], classes: Sequence[str], out_dir: Path) -> tuple[str, str]:
     """One panel per class: the test ROC curve of the model before adaptation and of each method."""
     from sklearn.metrics import roc_curve
 
-    fig, axes = plt.subplots(1, len(classes), figsize=(3.2 * len(classes), 3.4), sharey=True)
+    fig = Figure(figsize=(3.2 * len(classes), 3.4))
+    axes = fig.subplots(1, len(classes), sharey=True)
     for k, (ax, name) in enumerate(zip(np.atleast_1d(axes), classes)):
         for method, evaluation in evaluations.items():
             truth, scores = evaluation.predictions["truth"][:, k], evaluation.predictions["probabilities"][:, k]
@@ -32,7 +30,6 @@ def roc_curves(evaluations: Mapping[str, Evaluation], classes: Sequence[str], ou
     np.atleast_1d(axes)[-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(out_dir / "roc_curves.png", dpi=110)
-    plt.close(fig)
     return "ROC curves per class on the test split (before adaptation: dashed)", "roc_curves.png"
 
 
@@ -57,14 +54,14 @@ def confusion_tables(evaluations: Mapping[str, Evaluation], out_dir: Path) -> tu
             tn = int(np.sum(~predicted[:, k] & ~truth[:, k]))
             row.append(f"TP {tp}  FP {fp}\nFN {fn}  TN {tn}\nt = {p['thresholds'][k]:.2f}")
         cells.append(row)
-    fig, ax = plt.subplots(figsize=(2.0 * n_classes + 1.5, 0.75 * len(names) + 0.8))
+    fig = Figure(figsize=(2.0 * n_classes + 1.5, 0.75 * len(names) + 0.8))
+    ax = fig.subplots()
     ax.axis("off")
     table = ax.table(cellText=cells, rowLabels=names, colLabels=list(classes), loc="center", cellLoc="center")
     table.scale(1, 3.2)
     table.set_fontsize(8)
     fig.tight_layout()
     fig.savefig(out_dir / "confusion_tables.png", dpi=110)
-    plt.close(fig)
     return (
         "Confusion counts per class on the test split at the thresholds chosen on validation (t)",
         "confusion_tables.png",

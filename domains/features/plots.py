@@ -5,13 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from workbench.task import Evaluation  # noqa: E402
+from workbench.task import Evaluation
 
 
 def confusion_matrices(
@@ -22,7 +19,8 @@ def confusion_matrices(
     Columns of classes the target lacks show how much of the target a model sends to absent classes.
     """
     columns = len(evaluations)
-    figure, axes = plt.subplots(1, columns, figsize=(3.0 * columns, 3.2), squeeze=False)
+    figure = Figure(figsize=(3.0 * columns, 3.2))
+    axes = figure.subplots(1, columns, squeeze=False)
     for axis, (label, evaluation) in zip(axes[0], evaluations.items()):
         truth = evaluation.predictions["truth"]
         predicted = evaluation.predictions["probabilities"].argmax(-1)
@@ -37,13 +35,13 @@ def confusion_matrices(
     axes[0][0].set_ylabel("true target class")
     figure.tight_layout()
     figure.savefig(Path(out_dir) / name, dpi=110)
-    plt.close(figure)
     return "Confusion matrices on the target test split (rows: true class, normalised)", name
 
 
 def regression_fits(evaluations: Mapping[str, Evaluation], out_dir: Path, name: str = "fits.png") -> tuple[str, str]:
     """Predicted vs true values on the target test split, every model in one panel."""
-    figure, axis = plt.subplots(figsize=(5.0, 4.4))
+    figure = Figure(figsize=(5.0, 4.4))
+    axis = figure.subplots()
     truth = next(iter(evaluations.values())).predictions["truth"]
     low, high = float(truth.min()), float(truth.max())
     axis.plot([low, high], [low, high], color="0.6", lw=1)
@@ -62,5 +60,4 @@ def regression_fits(evaluations: Mapping[str, Evaluation], out_dir: Path, name: 
     axis.legend(fontsize=7, markerscale=2)
     figure.tight_layout()
     figure.savefig(Path(out_dir) / name, dpi=110)
-    plt.close(figure)
     return "Predicted vs true values on the target test split", name

@@ -138,6 +138,8 @@ class CSBMTask(Task):
             raise UserError(f"--hidden-channels must be at least 1, got {self.config['hidden_channels']}")
         self.pair: GraphPair | None = None
         self.n_classes = 0
+        #: True edge homophily of the target graph (set by ``prepare``; drawn in the report's plot).
+        self.target_homophily: float | None = None
 
     # -- data and model --------------------------------------------------------------------------
     def settings(self) -> CSBMSettings:
@@ -214,6 +216,7 @@ class CSBMTask(Task):
         training = PairSample(raw.source_graph, without_labels(raw.target_graph), train_mask, val_mask)
         test = PairSample(raw.source_graph, raw.target_graph, train_mask, val_mask)
         h_source, h_target = homophily(raw.source_graph), homophily(raw.target_graph)
+        self.target_homophily = h_target["edge"]
         gap = h_target["edge"] - h_source["edge"]
         diagnostics = (
             f"edge homophily source {h_source['edge']:.3f} → target {h_target['edge']:.3f} (gap {gap:+.3f}); "
@@ -300,7 +303,7 @@ class CSBMTask(Task):
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         from workbench.domains.graphs.plots import accuracy_bars
 
-        return [accuracy_bars(evaluations, out_dir)]
+        return [accuracy_bars(evaluations, out_dir, self.target_homophily)]
 
     # -- data commands ---------------------------------------------------------------------------
     def info(self, data: str | Path | None) -> str:
