@@ -36,15 +36,17 @@ def run_dir(tmp_path_factory):
 @pytest.mark.slow
 def test_adapt_writes_metrics_costs_and_report(run_dir):
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["method"] == "htuning" and set(metrics["baselines"]) == {"full", "lora"}
+    assert metrics["method"] == "htuning" and set(metrics["baselines"]) == {"full", "lora", "distill"}
     for scores in (metrics["before"], metrics["after"], *metrics["baselines"].values()):
         for key in ("macro_auroc", "macro_average_precision", "macro_f1"):
             assert 0.0 <= scores[key] <= 1.0, key
-    for name in ("htuning", "full", "lora"):
+    for name in ("htuning", "full", "lora", "distill"):
         cost = metrics["costs"][name]
         assert cost["peak_memory_bytes"] > 0 and cost["train_seconds"] > 0
         assert 0 < cost["trainable_parameters"] <= cost["total_parameters"]
     assert metrics["costs"]["htuning"]["trainable_parameters"] < metrics["costs"]["full"]["trainable_parameters"]
+    assert metrics["costs"]["distill"]["total_parameters"] * 19 < metrics["costs"]["full"]["total_parameters"]
+    assert metrics["costs"]["distill"]["epochs"] == 3 * 2  # the student trains epochs_factor × --epochs
     for name in ("report.md", "roc_curves.png", "confusion_tables.png", "adapter.safetensors"):
         assert (run_dir / name).is_file(), name
     state = json.loads((run_dir / "adapter.json").read_text())["task_state"]
@@ -96,6 +98,36 @@ def test_predict_bad_input_is_a_clear_error(run_dir, tmp_path, capsys):
         code, _, err = cli(["predict", *arguments, "--output", tmp_path / "p.csv"], capsys)
         assert code == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "p.csv").exists()
+
+
+@pytest.mark.slow
+def test_distilled_student_from_a_finished_run_reloads_and_predicts(run_dir, tmp_path, capsys):
+    from workbench.models.ecg import ECGStudent
+
+    out = tmp_path / "student"
+    argv = ["adapt", "--domain", "ptbxl", "--method", "distill", "--teacher", run_dir, "--n-leads", "3"]
+    code, _, err = cli([*argv, "--baselines", "", "--epochs", "2", "--quiet", "--out", out], capsys)
+    assert code == 0, err
+    assert "teacher = the adapted model of" in (out / "log.txt").read_text()
+    run = workbench.Run.load(out)
+    assert isinstance(run.model, ECGStudent) and run.model.architecture["n_leads"] == 3
+    again = workbench.evaluate(out)
+    assert again["macro_auroc"] == pytest.approx(run.metrics["after"]["macro_auroc"], abs=1e-6)
+    folder = tmp_path / "records"
+    folder.mkdir()
+    for suffix in (".hea", ".dat"):
+        shutil.copy(RECORDS / f"00001_lr{suffix}", folder / f"00001_lr{suffix}")
+    code, _, err = cli(["predict", "--run", out, "--input", folder, "--output", tmp_path / "p.csv"], capsys)
+    assert code == 0, err
+    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
+    assert rows[0]["status"] == "ok" and json.loads((tmp_path / "p.json").read_text())["method"] == "distill"
+
+
+def test_distill_refuses_a_teacher_that_is_not_a_run(tmp_path, capsys):
+    argv = ["adapt", "--domain", "ptbxl", "--method", "distill", "--teacher", tmp_path, "--out", tmp_path / "r"]
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and "not a finished run directory" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
 
 
 def test_adapt_refuses_the_source_site(tmp_path, capsys):

@@ -29,6 +29,6 @@ torch.serialization.add_safe_globals([slice])
 
 __version__ = "0.1.0"
 
-from workbench.run import Run, adapt, evaluate  # noqa: E402
+from workbench.run import Run, adapt, evaluate, predict  # noqa: E402
 
-__all__ = ["Run", "adapt", "evaluate", "__version__"]
+__all__ = ["Run", "adapt", "evaluate", "predict", "__version__"]

@@ -28,7 +28,7 @@ EXAMPLES = """examples:
   workbench adapt --domain csbm                           # homophily alignment (HGDA) + graph baselines on a CSBM pair
   workbench adapt --domain csbm --data ~/citation --source-graph acmv9 --target-graph dblpv7
   workbench data info csbm --target-homophily 0.2
-  workbench adapt --domain ptbxl                          # H-Tuning + full + LoRA on the embedded 12-lead ECGs
+  workbench adapt --domain ptbxl                          # H-Tuning, full, LoRA, a distilled student
   workbench adapt --domain ptbxl --data ~/ptb-xl --out runs/ptbxl
   workbench predict --run runs/ptbxl --input new_records/ --output predictions.csv
   workbench list

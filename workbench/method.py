@@ -16,6 +16,9 @@ A method hooks into the run at named points, in this order:
 - ``diagnostics(task, model, data)``: extra numbers for ``metrics.json`` after training;
 - ``merge(model)``: fold adapters into plain weights at the end.
 
+A method that learns from another model (distillation, ``takes_teacher``) and runs as a baseline receives
+the model the run's chosen method adapted through ``set_teacher(model)`` before ``setup``.
+
 The state a method owns apart from the base model (``trainable_state``) is saved as
 ``adapter.safetensors``. Methods stay usable without the trainer, on plain PyTorch modules.
 """
@@ -33,6 +36,7 @@ from workbench.options import Option, resolve_options
 
 if TYPE_CHECKING:
     from workbench.task import Task, TaskData
+    from workbench.trainer import TrainSettings
 
 
 class Method:
@@ -44,6 +48,8 @@ class Method:
     learning_rate: ClassVar[float] = 1e-3
     #: Method-specific options, e.g. ``rank``.
     options: ClassVar[tuple[Option, ...]] = ()
+    #: True for methods that learn from a teacher model: a run hands them its chosen method's adapted model.
+    takes_teacher: ClassVar[bool] = False
 
     def __init__(self, **options: Any):
         self.config = resolve_options(f"method '{self.name}'", self.options, options)
@@ -51,6 +57,14 @@ class Method:
     def prepare(self, model: nn.Module) -> nn.Module:
         """Attach what the method trains and freeze the rest, in place; returns the model."""
         raise NotImplementedError
+
+    def set_teacher(self, teacher: nn.Module) -> None:
+        """The model to learn from (only for ``takes_teacher`` methods)."""
+        raise NotImplementedError(f"method '{self.name}' takes no teacher")
+
+    def train_settings(self, settings: "TrainSettings") -> "TrainSettings":
+        """The run's training settings as this method needs them (default: unchanged)."""
+        return settings
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         """Called once before training, with the prepared model (on its device) and the run's samples."""

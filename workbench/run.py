@@ -22,7 +22,7 @@ import resource
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -65,16 +65,21 @@ class Run:
                 raise UserError(f"{path}: not a finished run ({name} is missing)")
         config = RunConfig.from_dict(yaml.safe_load((path / "config.yaml").read_text()))
         metrics = json.loads((path / "metrics.json").read_text())
-        adapter = json.loads((path / "adapter.json").read_text())
-        task = tasks.get(config.task)(**config.task_options)
-        model = task.rebuild(config.model, config.trust_checkpoint, adapter["task_state"])
-        method = methods.get(adapter["method"])(**adapter["options"])
-        torch.manual_seed(config.seed)
-        model = method.prepare(model)
-        method.load_trainable_state(
-            model, load_tensors(path / "adapter.safetensors"), source=path / "adapter.safetensors"
-        )
-        return cls(path, config, metrics, method.merge(model).eval())
+        return cls(path, config, metrics, _adapted_model(path, config))
+
+
+def _adapted_model(path: Path, config: RunConfig) -> nn.Module:
+    """The chosen method's model from a run directory's adapter files: base + task state + adapter, merged."""
+    adapter = json.loads((path / "adapter.json").read_text())
+    task = tasks.get(config.task)(**config.task_options)
+    model = task.rebuild(config.model, config.trust_checkpoint, adapter["task_state"])
+    method = methods.get(adapter["method"])(**adapter["options"])
+    torch.manual_seed(config.seed)
+    model = method.prepare(model)
+    method.load_trainable_state(model, load_tensors(path / "adapter.safetensors"), source=path / "adapter.safetensors")
+    model = method.merge(model).eval()
+    task.restore(model, adapter["task_state"])  # the merged model may be a new one (a distilled student)
+    return model
 
 
 def adapt(
@@ -184,9 +189,12 @@ def _adapt_steps(
     results: dict[str, dict[str, Any]] = {}
     evaluations: dict[str, Evaluation] = {"before": before}
     names = [config.method, *config.baselines]
+    chosen_is_student = methods.get(config.method).takes_teacher
     for index, name in enumerate(names, start=1):
         log.info("[%d/%d] %s", index, len(names), name)
         chosen = name == config.method
+        # a distilling baseline learns from the chosen method's adapted model (read back from its adapter)
+        teacher = None if chosen or chosen_is_student else functools.partial(_teacher, out_dir, config)
         results[name], evaluations[name] = _run_method(
             task,
             base,
@@ -201,6 +209,7 @@ def _adapt_steps(
             progress=not quiet,
             task_state=task_state,
             save_adapter=chosen,
+            teacher=teacher,
         )
     metrics = _metrics(config, data, before, results)
     if rank == 0:
@@ -366,27 +375,32 @@ def _run_method(
     progress: bool,
     task_state: dict[str, Any],
     save_adapter: bool,
+    teacher: Callable[[], nn.Module] | None = None,
 ) -> tuple[dict[str, Any], Evaluation]:
     """Train one method on a copy of ``base``; reuse its saved result when resuming.
 
     With ``save_adapter`` (the chosen method) the adapter is written too, before the result that marks
-    the method finished.
+    the method finished. A ``takes_teacher`` method gets ``teacher()`` when it is given.
     """
     saved = _load_result(out_dir, name)
     if saved is not None:
         log.info("%s: finished earlier, reusing its results", name)
         return saved
     method: Method = methods.get(name)(**options)
+    if method.takes_teacher and teacher is not None:
+        method.set_teacher(teacher())
     torch.manual_seed(config.seed)
     model = method.prepare(copy.deepcopy(base)).to(device)
     trainable, total = count_parameters(model)
-    settings = TrainSettings(
-        epochs=config.epochs,
-        batch_size=config.batch_size,
-        learning_rate=config.learning_rate or method.learning_rate,
-        seed=config.seed,
-        patience=config.patience,
-        ema_decay=config.ema_decay or None,
+    settings = method.train_settings(
+        TrainSettings(
+            epochs=config.epochs,
+            batch_size=config.batch_size,
+            learning_rate=config.learning_rate or method.learning_rate,
+            seed=config.seed,
+            patience=config.patience,
+            ema_decay=config.ema_decay or None,
+        )
     )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -427,6 +441,13 @@ def _run_method(
             _save_adapter(out_dir, method, model, task_state)
         _save_result(out_dir, name, result, evaluation)
     return result, evaluation
+
+
+def _teacher(out_dir: Path, config: RunConfig) -> nn.Module:
+    """The chosen method's adapted model, from the adapter it wrote (rank 0 writes; the others wait for it)."""
+    if dist.is_initialized():
+        dist.barrier()
+    return _adapted_model(out_dir, config)
 
 
 def _peak_memory_bytes(device: torch.device) -> int:

@@ -156,7 +156,8 @@ class PtbXl(Task):
     reads = ("ptbxl",)
     model_family = "ecg"
     default_method = "htuning"
-    baselines = ("full", "lora")
+    #: ``distill`` learns from the model the chosen method adapted (a 12-lead student; ``--n-leads`` 3 or 1).
+    baselines = ("full", "lora", "distill")
     metrics = ("macro_auroc", "macro_average_precision", "macro_f1")
     metrics_note = (
         "Scores on the target's test split, higher is better: macro AUROC and macro average precision over the "
@@ -186,6 +187,11 @@ class PtbXl(Task):
             choices=("skip", "raise"),
         ),
     )
+
+    @classmethod
+    def profile(cls, method: str) -> dict[str, Any]:
+        """The other ECG methods run beside the chosen one."""
+        return {"baselines": tuple(name for name in ("htuning", *cls.baselines) if name != method)}
 
     # -- data and model --------------------------------------------------------------------------
     def read(self, data: str | Path | None, seed: int = 0) -> EcgSplits:
