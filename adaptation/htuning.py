@@ -69,6 +69,28 @@ def _z(params: Sequence[nn.Parameter], seed: int):
         yield torch.randn(p.shape, generator=generator, dtype=p.dtype, device=p.device)
 
 
+def _chunks(n: int, chunk: int | None) -> list[slice]:
+    """Consecutive slices of at most ``chunk`` records covering ``range(n)`` (one slice when ``chunk`` is None)."""
+    size = n if not chunk else chunk
+    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def batch_loss(
+    model: nn.Module, loss_fn: LossFn, batch_x: torch.Tensor, batch_y: torch.Tensor, chunk: int | None = None
+) -> float:
+    """``loss_fn(model(batch_x), batch_y)`` without a graph, the forward run ``chunk`` records at a time.
+
+    Chunks are weighted by their share of the batch, which gives the full-batch value (up to rounding) when
+    ``loss_fn`` is a mean over records; activation memory is then that of ``chunk`` records, not the batch's.
+    """
+    n = len(batch_x)
+    with torch.inference_mode():
+        return sum(
+            float(loss_fn(model(batch_x[part]), batch_y[part])) * (part.stop - part.start) / n
+            for part in _chunks(n, chunk)
+        )
+
+
 def zeroth_order_projection(
     model: nn.Module,
     params: Sequence[nn.Parameter],
@@ -79,19 +101,18 @@ def zeroth_order_projection(
     eps: float = 1e-3,
     seed: int = 0,
     exact_restore: bool = True,
+    chunk: int | None = None,
 ) -> tuple[float, float, float]:
     """Two-sided SPSA on ``params``: returns ``((L+ − L−) / (2 eps), L+, L−)``; ``g_ZO = first · z(seed)``.
 
-    ``params`` are back at their values on return (bit-exact with ``exact_restore``).
+    ``params`` are back at their values on return (bit-exact with ``exact_restore``). ``chunk``: see `batch_loss`.
     """
     backup = [p.detach().clone() for p in params] if exact_restore else None
     try:
         _perturb(params, seed, eps, backup)
-        with torch.inference_mode():
-            loss_plus = float(loss_fn(model(batch_x), batch_y))
+        loss_plus = batch_loss(model, loss_fn, batch_x, batch_y, chunk)
         _perturb(params, seed, -eps if backup is not None else -2 * eps, backup)
-        with torch.inference_mode():
-            loss_minus = float(loss_fn(model(batch_x), batch_y))
+        loss_minus = batch_loss(model, loss_fn, batch_x, batch_y, chunk)
     finally:
         if backup is not None:
             with torch.no_grad():
@@ -133,6 +154,7 @@ def mixed_order_gradients(
     exact_restore: bool = True,
     features: Callable[[torch.Tensor], torch.Tensor] | None = None,
     head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    chunk: int | None = None,
 ) -> dict[str, float]:
     """One H-Tuning gradient (see the module docstring); writes ``.grad`` of ``lora_params`` and ``head_params``.
 
@@ -149,6 +171,9 @@ def mixed_order_gradients(
         exact_restore: restore ``θ`` from a copy (bit-exact) rather than by adding ``eps·z`` back.
         features: ``features(batch_x)`` → what the head reads (default ``model.features``).
         head: ``head(features)`` → logits (default ``model.classifier``).
+        chunk: records per graph-free forward (the two ZO passes and the head's features); None (default, the
+            paper's) runs the whole batch at once. Smaller chunks give the same gradient (up to rounding, for a
+            ``loss_fn`` that is a mean over records) in the activation memory of ``chunk`` records.
 
     Returns:
         ``loss`` (full batch, at ``θ``), ``loss_plus``, ``loss_minus``, ``loss_bp`` (the ``bp_batch`` samples)
@@ -174,7 +199,7 @@ def mixed_order_gradients(
 
     # (1) zeroth order on the full batch: only the scalar (L+ − L−) / (2 eps) is kept.
     projected, loss_plus, loss_minus = zeroth_order_projection(
-        model, lora_params, loss_fn, batch_x, batch_y, eps=eps, seed=seed, exact_restore=exact_restore
+        model, lora_params, loss_fn, batch_x, batch_y, eps=eps, seed=seed, exact_restore=exact_restore, chunk=chunk
     )
 
     # (2) first order on the first bp_batch samples, for θ only.
@@ -196,7 +221,7 @@ def mixed_order_gradients(
 
     # (4) exact full-batch head gradient from detached features at θ.
     with torch.no_grad():
-        head_input = features(batch_x)
+        head_input = torch.cat([features(batch_x[part]) for part in _chunks(len(batch_x), chunk)])
     with torch.enable_grad():
         loss = loss_fn(head(head_input), batch_y)
         head_gradients = torch.autograd.grad(loss, head_params, allow_unused=True) if head_params else ()
@@ -245,12 +270,22 @@ class HTuning(Method):
         Option("bp_batch", int, 2, "samples of each batch that are backpropagated"),
         Option("eps", float, 1e-3, "zeroth-order perturbation size"),
         Option("norm_match", str, "tensor", "match norms per parameter tensor or over the group", NORM_MATCHES),
+        Option(
+            "zo_chunk",
+            int,
+            0,
+            "records per graph-free forward (ZO passes, head features); 0 = the whole batch at once (the paper's)",
+        ),
     )
 
     def __init__(self, **options):
         super().__init__(**options)
         if not 0.0 <= self.config["c"] <= 1.0:
             raise UserError(f"method 'htuning': --c must lie in [0, 1], got {self.config['c']}")
+        if self.config["zo_chunk"] < 0:
+            raise UserError(
+                f"method 'htuning': --zo-chunk must be 0 (whole batch) or positive, got {self.config['zo_chunk']}"
+            )
         if self.config["bp_batch"] < 1 or self.config["eps"] <= 0:
             raise UserError("method 'htuning': --bp-batch must be a positive integer and --eps positive")
 
@@ -292,6 +327,7 @@ class HTuning(Method):
             c=self.config["c"],
             seed=seed,
             norm_match=self.config["norm_match"],
+            chunk=self.config["zo_chunk"] or None,
         )
 
     def merge(self, model: nn.Module) -> nn.Module:
