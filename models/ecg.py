@@ -36,7 +36,6 @@ Shapes:
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping
@@ -46,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from workbench.domains.ecg.preprocess import LEADS
 
-from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
+from workbench.checkpoint import load_model, save_model
 from workbench.errors import UserError
 from workbench.model import ModelFamily
 from workbench.registry import models
@@ -306,29 +305,19 @@ def build_ecg_model(architecture: Mapping[str, Any]) -> _ECGModel:
 
 def save_ecg_model(model: _ECGModel, path: str | Path) -> None:
     """Weights to ``path`` (.safetensors) and the architecture to the ``.json`` beside it (merge adapters first)."""
-    path = Path(path)
     if any(".parametrizations." in name for name in model.state_dict()):
         raise UserError("this ECG model carries LoRA adapters; merge them first (ecg_lora.merge) and save the result")
-    save_tensors(path, {k: v.detach().cpu() for k, v in model.state_dict().items()}, metadata={"model": model.kind})
-    write_json(path.with_suffix(".json"), model.architecture)
+    save_model(model, path, model.kind)
 
 
 def load_ecg_model(path: str | Path) -> _ECGModel:
     """An `ECGEncoder` or `ECGStudent` saved by `save_ecg_model` (safetensors + the JSON of its architecture)."""
-    path = Path(path)
-    architecture_path = path.with_suffix(".json")
-    if path.suffix != ".safetensors" or not path.is_file() or not architecture_path.is_file():
-        raise UserError(f"{path}: expected an ECG checkpoint (.safetensors with its .json architecture beside it)")
-    try:
-        model = build_ecg_model(json.loads(architecture_path.read_text()))
-    except (json.JSONDecodeError, TypeError) as error:
-        raise UserError(
-            f"{architecture_path}: expected {{'kind': 'ecg_encoder' | 'ecg_student', 'n_leads': int, ...}} ({error})"
-        ) from None
-    state = load_tensors(path)
-    check_state_fits(model.state_dict(), state, path, "checkpoint does not fit its architecture")
-    model.load_state_dict(state)
-    return model
+    return load_model(
+        path,
+        build_ecg_model,
+        "an ECG checkpoint",
+        "{'kind': 'ecg_encoder' | 'ecg_student', 'n_leads': int, ...}",
+    )
 
 
 @models.register

@@ -25,15 +25,14 @@ Shapes:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
+from workbench.checkpoint import load_model, save_model
 from workbench.errors import UserError
 from workbench.model import ModelFamily
 from workbench.registry import models
@@ -222,31 +221,18 @@ class GraphNet(nn.Module):
 
 def save_graph_net(model: GraphNet, path: str | Path) -> None:
     """Weights to ``path`` (.safetensors) and the architecture to the ``.json`` beside it."""
-    path = Path(path)
-    save_tensors(path, {k: v.detach().cpu() for k, v in model.state_dict().items()}, metadata={"model": "gnn"})
-    write_json(path.with_suffix(".json"), model.architecture)
+    save_model(model, path, "gnn")
 
 
 def load_graph_net(path: str | Path) -> GraphNet:
     """A `GraphNet` saved by `save_graph_net` (safetensors + the JSON of its architecture)."""
-    path = Path(path)
-    architecture_path = path.with_suffix(".json")
-    if path.suffix != ".safetensors" or not path.is_file() or not architecture_path.is_file():
-        raise UserError(
-            f"{path}: expected a graph model checkpoint (.safetensors with its .json architecture beside it)"
-        )
-    try:
-        architecture: Mapping[str, Any] = json.loads(architecture_path.read_text())
-        model = GraphNet(**architecture)
-    except (json.JSONDecodeError, TypeError) as error:
-        raise UserError(
-            f"{architecture_path}: expected {{'in_features': int, 'n_classes': int, 'hidden_channels': int, "
-            f"'layers': int, 'encoder': one of {list(ENCODERS)}}} ({error})"
-        ) from None
-    state = load_tensors(path)
-    check_state_fits(model.state_dict(), state, path, "checkpoint does not fit its architecture")
-    model.load_state_dict(state)
-    return model
+    return load_model(
+        path,
+        lambda architecture: GraphNet(**architecture),
+        "a graph model checkpoint",
+        "{'in_features': int, 'n_classes': int, 'hidden_channels': int, 'layers': int, "
+        f"'encoder': one of {list(ENCODERS)}}}",
+    )
 
 
 @models.register

@@ -13,14 +13,13 @@ Shapes:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
+from workbench.checkpoint import load_model, save_model
 from workbench.errors import UserError
 from workbench.model import ModelFamily
 from workbench.registry import models
@@ -64,28 +63,17 @@ class FeatureNet(nn.Module):
 
 def save_feature_net(model: FeatureNet, path: str | Path) -> None:
     """Weights to ``path`` (.safetensors) and the architecture to the ``.json`` beside it."""
-    path = Path(path)
-    save_tensors(path, {k: v.detach().cpu() for k, v in model.state_dict().items()}, metadata={"model": "mlp"})
-    write_json(path.with_suffix(".json"), model.architecture)
+    save_model(model, path, "mlp")
 
 
 def load_feature_net(path: str | Path) -> FeatureNet:
     """A `FeatureNet` saved by `save_feature_net` (safetensors + the JSON of its architecture)."""
-    path = Path(path)
-    architecture_path = path.with_suffix(".json")
-    if path.suffix != ".safetensors" or not path.is_file() or not architecture_path.is_file():
-        raise UserError(f"{path}: expected an MLP checkpoint (.safetensors with its .json architecture beside it)")
-    try:
-        architecture: Mapping[str, Any] = json.loads(architecture_path.read_text())
-        model = FeatureNet(architecture["in_features"], architecture["n_outputs"], architecture["hidden"])
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise UserError(
-            f"{architecture_path}: expected {{'in_features': int, 'n_outputs': int, 'hidden': [int, ...]}} ({error})"
-        ) from None
-    state = load_tensors(path)
-    check_state_fits(model.state_dict(), state, path, "checkpoint does not fit its architecture")
-    model.load_state_dict(state)
-    return model
+    return load_model(
+        path,
+        lambda a: FeatureNet(a["in_features"], a["n_outputs"], a["hidden"]),
+        "an MLP checkpoint",
+        "{'in_features': int, 'n_outputs': int, 'hidden': [int, ...]}",
+    )
 
 
 @models.register

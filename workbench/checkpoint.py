@@ -7,7 +7,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from safetensors import safe_open
@@ -126,3 +126,36 @@ def check_state_fits(
             raise UserError(
                 f"{source}: tensor '{name}': expected shape {tuple(expected[name].shape)}, found {tuple(value.shape)}"
             )
+
+
+def save_model(model: torch.nn.Module, path: str | Path, kind: str) -> None:
+    """Weights to ``path`` (.safetensors, metadata ``model: kind``) and ``model.architecture`` to the ``.json``
+    beside it: what `load_model` needs to rebuild the model without a pickle."""
+    path = Path(path)
+    save_tensors(path, {k: v.detach().cpu() for k, v in model.state_dict().items()}, metadata={"model": kind})
+    write_json(path.with_suffix(".json"), model.architecture)
+
+
+def load_model(
+    path: str | Path, build: Callable[[dict[str, Any]], torch.nn.Module], what: str, expected: str
+) -> torch.nn.Module:
+    """A model saved by `save_model`: ``build(architecture)``, then its weights, checked tensor by tensor.
+
+    Args:
+        path: the ``.safetensors`` file (its ``.json`` architecture beside it).
+        build: architecture dict → the untrained model; a KeyError/TypeError there means a bad architecture.
+        what: the checkpoint's kind in messages ("an MLP checkpoint").
+        expected: the architecture's expected fields in messages (``{'in_features': int, ...}``).
+    """
+    path = Path(path)
+    architecture_path = path.with_suffix(".json")
+    if path.suffix != ".safetensors" or not path.is_file() or not architecture_path.is_file():
+        raise UserError(f"{path}: expected {what} (.safetensors with its .json architecture beside it)")
+    try:
+        model = build(json.loads(architecture_path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise UserError(f"{architecture_path}: expected {expected} ({error})") from None
+    state = load_tensors(path)
+    check_state_fits(model.state_dict(), state, path, "checkpoint does not fit its architecture")
+    model.load_state_dict(state)
+    return model
