@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -115,3 +117,21 @@ def test_every_card_is_complete_and_every_plugin_card_exists():
         assert cls.card in names and set(cls.reads) <= set(names)
     for _, cls in models.items():
         assert cls.card is None or cls.card in names
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the per-block peak needs Linux /proc")
+def test_peak_memory_is_per_block_not_the_process_high_water_mark():
+    """A 64 MiB block is seen by its own measurement and not by a later, small one."""
+    import torch
+
+    from workbench.memory import PeakMemory
+
+    with PeakMemory(torch.device("cpu")) as big:
+        x = torch.ones(16 * 2**20)  # 64 MiB of float32, written (resident)
+        del x
+    with PeakMemory(torch.device("cpu")) as small:
+        y = torch.ones(2**20)  # 4 MiB
+        del y
+    assert 60 * 2**20 <= big.added_bytes <= 100 * 2**20, big.added_bytes
+    assert small.added_bytes < 30 * 2**20, small.added_bytes
+    assert big.peak_bytes > big.added_bytes

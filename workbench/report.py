@@ -21,9 +21,15 @@ def _rows(metrics: Mapping[str, Any]) -> list[tuple[str, Mapping[str, float], Ma
     return rows
 
 
+def _megabytes(cost: Mapping[str, Any]) -> str:
+    """Training memory of one method [MiB] (what its training added to the process or GPU at the peak)."""
+    added = cost.get("training_memory_bytes")
+    return "-" if added is None else f"{added / 2**20:.1f}"
+
+
 def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
     """A fixed-width before/after table for the terminal."""
-    header = ["model", *metric_names, "trainable", "s/epoch", "epochs"]
+    header = ["model", *metric_names, "trainable", "s/epoch", "train MiB", "epochs"]
     lines = []
     for label, values, cost in _rows(metrics):
         lines.append(
@@ -32,6 +38,7 @@ def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
                 *(f"{values[m]:.2f}" for m in metric_names),
                 f"{cost['trainable_parameters']:,}" if cost else "-",
                 f"{cost['seconds_per_epoch']:.2f}" if cost else "-",
+                _megabytes(cost) if cost else "-",
                 str(cost["epochs"]) if cost else "-",
             ]
         )
@@ -78,7 +85,7 @@ def markdown(
     metrics_note: str = "Errors are on the test split; lower is better.",
 ) -> str:
     """The run's ``report.md``: what was run, the table, the plots, the configuration."""
-    header = "| model | " + " | ".join(metric_names) + " | trainable params | s/epoch | epochs (best) |"
+    header = "| model | " + " | ".join(metric_names) + " | trainable params | s/epoch | training MiB | epochs (best) |"
     lines = [
         f"# {config.task}: {config.method} vs {', '.join(config.baselines) or 'no baselines'}",
         "",
@@ -86,13 +93,13 @@ def markdown(
         f"{metrics['samples']['test']} test samples. Seed {config.seed}, device {config.device}.",
         "",
         header,
-        "|" + "---|" * (len(metric_names) + 4),
+        "|" + "---|" * (len(metric_names) + 5),
     ]
     for label, values, cost in _rows(metrics):
-        extra = "- | - | -"
+        extra = "- | - | - | -"
         if cost:
             extra = (
-                f"{cost['trainable_parameters']:,} | {cost['seconds_per_epoch']:.2f} | "
+                f"{cost['trainable_parameters']:,} | {cost['seconds_per_epoch']:.2f} | {_megabytes(cost)} | "
                 f"{cost['epochs']} ({cost['best_epoch'] + 1})"
             )
         lines.append(f"| {label} | " + " | ".join(f"{values[m]:.3f}" for m in metric_names) + f" | {extra} |")

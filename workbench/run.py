@@ -18,7 +18,6 @@ import functools
 import json
 import logging
 import os
-import resource
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from workbench import report
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
 from workbench.config import RunConfig, resolve_config
 from workbench.errors import UserError
+from workbench.memory import PeakMemory
 from workbench.method import Method, count_parameters
 from workbench.registry import methods, tasks
 from workbench.task import Evaluation, Task, TaskData
@@ -186,6 +186,7 @@ def _adapt_steps(
     )
 
     before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank)
+    _warm_up(task, base, data, device, config.batch_size)
     results: dict[str, dict[str, Any]] = {}
     evaluations: dict[str, Evaluation] = {"before": before}
     names = [config.method, *config.baselines]
@@ -361,6 +362,16 @@ def _evaluate_or_reuse(
     return evaluation
 
 
+def _warm_up(task: Task, base: nn.Module, data: TaskData, device: torch.device, batch_size: int) -> None:
+    """One throwaway training step on a copy of the base model, so that one-time set-up (autograd engine, kernel
+    caches) is not counted in the memory of whichever method happens to train first."""
+    model = copy.deepcopy(base).train()
+    loss = task.loss(model, task.collate(data.train[:batch_size], device), True)
+    if loss.requires_grad:
+        loss.backward()
+    del model, loss
+
+
 def _run_method(
     task: Task,
     base: nn.Module,
@@ -402,24 +413,23 @@ def _run_method(
             ema_decay=config.ema_decay or None,
         )
     )
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    method.setup(task, model, data, config.seed)
-    trainer = Trainer(
-        model,
-        functools.partial(method.loss, task),
-        task.collate,
-        data.train,
-        data.val,
-        settings,
-        checkpoint_path=out_dir / "checkpoints" / f"{name}.pt",
-        device=device,
-        progress=progress,
-        label=name,
-        epoch_start=method.start_epoch,
-        gradients=functools.partial(method.gradients, task),
-    )
-    history = trainer.fit(resume=resume)
+    with PeakMemory(device) as memory:  # the memory of this method's set-up and training alone
+        method.setup(task, model, data, config.seed)
+        trainer = Trainer(
+            model,
+            functools.partial(method.loss, task),
+            task.collate,
+            data.train,
+            data.val,
+            settings,
+            checkpoint_path=out_dir / "checkpoints" / f"{name}.pt",
+            device=device,
+            progress=progress,
+            label=name,
+            epoch_start=method.start_epoch,
+            gradients=functools.partial(method.gradients, task),
+        )
+        history = trainer.fit(resume=resume)
     task_state = task.refit(model, data) or task_state
     evaluation = task.evaluate(model, data.test, device)
     evaluation.metrics.update(method.diagnostics(task, model, data))
@@ -432,7 +442,8 @@ def _run_method(
         "seconds_per_epoch": float(np.mean([h["seconds"] for h in history])),
         "epochs": len(history),
         "best_epoch": trainer.best["epoch"],
-        "peak_memory_bytes": _peak_memory_bytes(device),
+        "peak_memory_bytes": memory.peak_bytes,
+        "training_memory_bytes": memory.added_bytes,
         "task_state": task_state,
         "history": history,
     }
@@ -448,13 +459,6 @@ def _teacher(out_dir: Path, config: RunConfig) -> nn.Module:
     if dist.is_initialized():
         dist.barrier()
     return _adapted_model(out_dir, config)
-
-
-def _peak_memory_bytes(device: torch.device) -> int:
-    """Peak allocated GPU memory, or on CPU the process's resident high-water mark so far."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def _save_result(out_dir: Path, name: str, result: dict[str, Any], evaluation: Evaluation) -> None:
@@ -503,6 +507,7 @@ def _metrics(
         "total_parameters": chosen["total_parameters"],
         "train_seconds": chosen["train_seconds"],
         "peak_memory_bytes": chosen["peak_memory_bytes"],
+        "training_memory_bytes": chosen["training_memory_bytes"],
         "costs": costs,
     }
 

@@ -162,10 +162,10 @@ class PtbXl(Task):
     metrics_note = (
         "Scores on the target's test split, higher is better: macro AUROC and macro average precision over the "
         "classes with positive and negative test records, macro F1 at per-class thresholds chosen on validation. "
-        "In metrics.json `costs` gives each method's trainable parameters, train_seconds and peak_memory_bytes; "
-        "on CPU peak_memory_bytes is the process's resident high-water mark, which only grows across the "
-        "methods of one run (the chosen method runs first) — compare training memory with "
-        "benchmarks/ecg_htuning.py, which runs each method in a fresh process, or on a GPU."
+        "In metrics.json `costs` gives each method's trainable parameters, train_seconds, peak_memory_bytes and "
+        "training_memory_bytes (the table's 'train MiB': what the method's set-up and training added to the process "
+        "at its peak, measured per method; on a GPU, allocated memory). benchmarks/ecg_htuning.py measures one "
+        "training step of each method in a fresh process, at larger batches."
     )
     #: train/val sizes: at most this many records of the split (all of them, for any real data set); one learning
     #: rate for every method (full fine-tuning's own 5e-3, chosen for MACE, diverges on this transformer).
