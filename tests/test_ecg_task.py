@@ -6,6 +6,7 @@ import csv
 import json
 import shutil
 
+import pandas as pd
 import pytest
 from workbench.domains.ecg.readers import EMBEDDED_PTBXL
 from workbench.domains.ecg.task import choose_thresholds
@@ -121,6 +122,19 @@ def test_distilled_student_from_a_finished_run_reloads_and_predicts(run_dir, tmp
     assert code == 0, err
     rows = list(csv.DictReader((tmp_path / "p.csv").open()))
     assert rows[0]["status"] == "ok" and json.loads((tmp_path / "p.json").read_text())["method"] == "distill"
+
+
+@pytest.mark.slow
+def test_data_in_the_published_ptbxl_layout_uses_its_recommended_folds(tmp_path, capsys):
+    """``--data FOLDER``: the embedded set is itself in PTB-XL's layout; every site is the target then."""
+    out = tmp_path / "run"
+    argv = ["adapt", "--domain", "ptbxl", "--data", EMBEDDED_PTBXL, "--baselines", "", "--epochs", "1"]
+    code, _, err = cli([*argv, "--quiet", "--out", out], capsys)
+    assert code == 0, err
+    metrics = json.loads((out / "metrics.json").read_text())
+    folds = pd.read_csv(EMBEDDED_PTBXL / "ptbxl_database.csv")["strat_fold"]
+    expected = {"train": int((folds <= 8).sum()), "val": int((folds == 9).sum()), "test": int((folds == 10).sum())}
+    assert metrics["samples"] == expected and metrics["data"] == str(EMBEDDED_PTBXL)
 
 
 def test_distill_refuses_a_teacher_that_is_not_a_run(tmp_path, capsys):
