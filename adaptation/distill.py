@@ -81,6 +81,7 @@ class Distill(Method):
     description = (
         "Distil the adapted teacher into a small 1/3/12-lead student: BCE to labels + BCE to teacher (H-Tuning)"
     )
+    model_families = ("ecg",)
     learning_rate = 1e-3
     takes_teacher = True
     options = (

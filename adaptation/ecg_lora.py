@@ -178,6 +178,7 @@ class LoRA(Method):
 
     name = "lora"
     description = "LoRA on every conv and linear layer the model lists in lora_targets (Hu et al., ICLR 2022)"
+    model_families = ("ecg",)
     learning_rate = 2e-3  # H-Tuning's AdamW rate for its LoRA runs
     options = (
         Option("rank", int, 16, "LoRA rank r of every update"),

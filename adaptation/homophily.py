@@ -137,6 +137,7 @@ class EncoderMethod(Method):
 
     encoder: str = "mixed"
     learning_rate = 1e-2
+    model_families = ("gnn",)
 
     def __init__(self, **options: Any):
         super().__init__(**options)

@@ -262,6 +262,7 @@ class HTuning(Method):
 
     name = "htuning"
     description = "H-Tuning: LoRA + mixed zeroth/first-order gradients + exact head gradient (ICML 2025)"
+    model_families = ("ecg",)
     learning_rate = 2e-3  # the authors' AdamW rate
     options = (
         Option("rank", int, 16, "LoRA rank r of every update"),

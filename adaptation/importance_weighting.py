@@ -40,14 +40,13 @@ class ImportanceWeighting(WeightedSourceLoss):
     """Base class: source losses weighted by an estimated density ratio p_target(x) / p_source(x)."""
 
     options = (Option("clip", float, 10.0, "largest weight, in units of the mean weight"),)
+    needs_target = True
 
     def make_estimator(self, seed: int) -> Any:
         """A density-ratio estimator with ``fit(x_numerator, x_denominator)`` and ``ratio(x)``."""
         raise NotImplementedError
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
-        if not data.target:
-            raise UserError(f"method '{self.name}' needs unlabelled target samples; task '{task.name}' has none")
         if self.config["clip"] <= 1:
             raise UserError(f"--clip must be above 1 (the mean weight), got {self.config['clip']}")
         super().setup(task, model, data, seed)

@@ -19,6 +19,7 @@ from workbench.registry import methods
 class MaceLoRA(Method):
     name = "mace-lora"
     description = "mace-torch's LoRA (o3.Linear, dense and radial layers; rank 4, alpha 1)"
+    model_families = ("mace",)
     learning_rate = 1e-2  # mace-torch's default lr; better than 5e-3 on rmd17 validation (50 frames)
     options = (
         Option("rank", int, 4, "LoRA rank of mace-torch's adapters"),

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 from workbench.adaptation.source_weighting import WeightedSourceLoss
 
-from workbench.errors import UserError
 from workbench.registry import methods
 
 if TYPE_CHECKING:
@@ -40,10 +39,9 @@ def target_class_weights(task: "Task", model: nn.Module, target_samples, device:
 class PADAWeights(WeightedSourceLoss):
     name = "pada"
     description = "PADA/BA3US class weights: source classes weighted by the target's mean predicted probability"
+    needs_target = True
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
-        if not data.target:
-            raise UserError(f"method '{self.name}' needs unlabelled target samples; task '{task.name}' has none")
         super().setup(task, model, data, seed)
         self.train_labels = task.batch_labels(task.collate(data.train, self.device))
         self.val_labels = task.batch_labels(task.collate(data.val, self.device))

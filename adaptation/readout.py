@@ -13,6 +13,7 @@ from workbench.registry import methods
 class ReadoutFineTuning(Method):
     name = "readout"
     description = "Readout only: train the output heads (model.readouts), freeze the rest"
+    model_families = ("mace",)
     learning_rate = 2e-2  # better than 5e-3 on rmd17 validation (50 frames)
 
     def prepare(self, model: nn.Module) -> nn.Module:

@@ -435,6 +435,7 @@ class Warmpot(Method):
 
     name = "warmpot"
     description = "WARMPOT: partial-OT source weights + partial-Wasserstein feature alignment (partial DA)"
+    needs_target = True
     options = (
         Option("mass", float, 0.4, "transported mass α, below the share of source samples of shared classes"),
         Option("mass_start", float, 0.01, "mass at the first epoch (annealed up to --mass)"),
@@ -458,8 +459,6 @@ class Warmpot(Method):
         return model.requires_grad_(True)
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
-        if not data.target:
-            raise UserError(f"method '{self.name}' needs unlabelled target samples; task '{task.name}' has none")
         self.target, self.seed = data.target, seed
         self.device = next(model.parameters()).device
 

@@ -218,3 +218,17 @@ def test_unknown_names_and_options():
     ):
         result = workbench("adapt", *args, check=False)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "domain, method, message",
+    [
+        ("rmd17", "htuning", "method 'htuning' adapts ecg models; task 'rmd17' uses the mace model family"),
+        ("ptbxl", "warmpot", "method 'warmpot' needs unlabelled target samples; task 'ptbxl' has none"),
+    ],
+)
+def test_a_method_that_does_not_fit_the_task_is_refused_before_the_run_directory(domain, method, message, tmp_path):
+    out = tmp_path / "run"
+    result = workbench("adapt", "--domain", domain, "--method", method, "--out", str(out), check=False)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()

@@ -2,6 +2,7 @@
 
 A method hooks into the run at named points, in this order:
 
+- ``check(task, data)``: refuse, before anything is written, a task or data the method cannot work with;
 - ``prepare(model)``: attach adapters, choose what trains;
 - ``setup(task, model, data, seed)``: look at the data before training (fit sample weights, keep the
   unlabelled target samples);
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from workbench.checkpoint import check_state_fits
+from workbench.errors import UserError
 from workbench.options import Option, resolve_options
 
 if TYPE_CHECKING:
@@ -50,6 +52,10 @@ class Method:
     options: ClassVar[tuple[Option, ...]] = ()
     #: True for methods that learn from a teacher model: a run hands them its chosen method's adapted model.
     takes_teacher: ClassVar[bool] = False
+    #: The model families (``Task.model_family``) the method can adapt; empty for any.
+    model_families: ClassVar[tuple[str, ...]] = ()
+    #: True for methods that need the task's unlabelled target samples (``TaskData.target``).
+    needs_target: ClassVar[bool] = False
 
     def __init__(self, **options: Any):
         self.config = resolve_options(f"method '{self.name}'", self.options, options)
@@ -57,6 +63,16 @@ class Method:
     def prepare(self, model: nn.Module) -> nn.Module:
         """Attach what the method trains and freeze the rest, in place; returns the model."""
         raise NotImplementedError
+
+    def check(self, task: "Task", data: "TaskData") -> None:
+        """Refuse a task or data this method cannot work with — called before the run directory appears."""
+        if self.model_families and task.model_family not in self.model_families:
+            raise UserError(
+                f"method '{self.name}' adapts {' or '.join(self.model_families)} models; task '{task.name}' uses the "
+                f"{task.model_family} model family"
+            )
+        if self.needs_target and not data.target:
+            raise UserError(f"method '{self.name}' needs unlabelled target samples; task '{task.name}' has none")
 
     def set_teacher(self, teacher: nn.Module) -> None:
         """The model to learn from (only for ``takes_teacher`` methods)."""

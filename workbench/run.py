@@ -152,6 +152,8 @@ def adapt(
     raw = task.read(config.data, config.seed)
     base = task.load_model(config.model, config.trust_checkpoint)
     data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
+    for name in (config.method, *config.baselines):
+        methods.get(name)(**(config.method_options if name == config.method else {})).check(task, data)
     base.to(device)
     # Everything the user gave has been read and checked: only now does the run directory appear.
     if rank == 0:
