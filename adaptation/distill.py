@@ -101,11 +101,16 @@ class Distill(Method):
         super().__init__(**options)
         if self.config["epochs_factor"] < 1:
             raise UserError(f"--epochs-factor must be at least 1, got {self.config['epochs_factor']}")
+        self.teacher: nn.Module | None = None
+        self._base: nn.Module | None = None
+
+    def check(self, task, data) -> None:
+        """The ECG family, and a ``--teacher`` that is a finished run (checked at the start of a run only: a
+        finished student reloads without its teacher)."""
+        super().check(task, data)
         teacher = self.config["teacher"]
         if teacher and not (Path(teacher) / "adapter.json").is_file():
             raise UserError(f"--teacher {teacher}: not a finished run directory (no adapter.json in it)")
-        self.teacher: nn.Module | None = None
-        self._base: nn.Module | None = None
 
     def set_teacher(self, teacher: nn.Module) -> None:
         """The fixed model whose sigmoid outputs the student learns (frozen and put in eval mode)."""

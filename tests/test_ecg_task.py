@@ -122,6 +122,13 @@ def test_distilled_student_from_a_finished_run_reloads_and_predicts(run_dir, tmp
     assert code == 0, err
     rows = list(csv.DictReader((tmp_path / "p.csv").open()))
     assert rows[0]["status"] == "ok" and json.loads((tmp_path / "p.json").read_text())["method"] == "distill"
+    # the student is self-contained: it reloads after its teacher's run is gone
+    shutil.copytree(run_dir, tmp_path / "teacher")
+    shutil.rmtree(run_dir)
+    try:
+        assert isinstance(workbench.Run.load(out).model, ECGStudent)
+    finally:
+        shutil.copytree(tmp_path / "teacher", run_dir)
 
 
 @pytest.mark.slow
