@@ -59,6 +59,22 @@ def distillation_loss(
     return hard + weight * soft
 
 
+def time_cutmix(ecg: torch.Tensor, low: float = 0.1, high: float = 0.5) -> torch.Tensor:
+    """Each record with one time segment (a random ``low``–``high`` share of its length, all leads) replaced by
+    the same segment of another record of the batch (a random pairing).
+
+    Shapes:
+        ecg (batch, leads, n_samples) → same
+    """
+    batch, _, n = ecg.shape
+    partner = torch.randperm(batch, device=ecg.device)
+    length = (torch.empty(batch, device=ecg.device).uniform_(low, high) * n).long()
+    start = (torch.rand(batch, device=ecg.device) * (n - length)).long()
+    t = torch.arange(n, device=ecg.device)
+    inside = (t >= start[:, None]) & (t < (start + length)[:, None])
+    return torch.where(inside[:, None, :], ecg[partner], ecg)
+
+
 @methods.register
 class Distill(Method):
     """Distil the run's adapted ECG teacher into a small `ECGStudent` (12, 3 or 1 leads), as H-Tuning does.
@@ -70,6 +86,11 @@ class Distill(Method):
        ``--method htuning``, say) — the clinical path: adapt once, then distil as often as needed;
     2. as a baseline of a run: the model the run's chosen method has just adapted (`set_teacher`);
     3. otherwise the pretrained base model itself (not adapted to the target; logged).
+
+    ``mix`` > 0 adds ``mix · BCE(s(x̃), σ(t(x̃)))`` on a time-CutMix copy ``x̃`` of each training batch (`time_cutmix`):
+    the teacher labels records it never saw whole. On the embedded site 1 (htuning teachers of seeds 0–2), ``mix``
+    1 raised 12-lead students' macro AUROC from 0.855 to 0.901, but not 1-lead (0.822 → 0.809) or 3-lead ones
+    (0.811 → 0.785, one seed stopping early): off by default.
 
     The student trains ``epochs_factor`` (3) times the run's epochs: on the embedded target site (34 records) a
     12-lead student reaches macro AUROC 0.75 after 30 epochs and 0.91 after 100. Teacher logits are recomputed
@@ -87,6 +108,7 @@ class Distill(Method):
     options = (
         Option("weight", float, 1.0, "weight of the teacher (soft-label) BCE term"),
         Option("n_leads", int, 12, "leads the student reads (12; 3 = I, II, V2; 1 = I)", choices=(12, 3, 1)),
+        Option("mix", float, 0.0, "weight of a soft-label term on time-CutMix copies of each batch (0: off)"),
         Option("epochs_factor", int, 3, "the student (trained from scratch) runs this many times the run's --epochs"),
         Option(
             "teacher",
@@ -146,4 +168,10 @@ class Distill(Method):
         ecg, labels = batch
         with torch.no_grad():
             teacher_logits = self.teacher(ecg)
-        return distillation_loss(model(ecg), teacher_logits, labels, self.config["weight"])
+        loss = distillation_loss(model(ecg), teacher_logits, labels, self.config["weight"])
+        if training and self.config["mix"] > 0:
+            mixed = time_cutmix(ecg)
+            with torch.no_grad():
+                soft = torch.sigmoid(self.teacher(mixed))
+            loss = loss + self.config["mix"] * F.binary_cross_entropy_with_logits(model(mixed), soft)
+        return loss

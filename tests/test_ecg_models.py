@@ -322,3 +322,19 @@ def test_distillation_improves_a_one_lead_student():
         logits = student(test_ecg)
     assert BCE(logits, test_labels).item() < 0.8 * before
     assert ((logits > 0).float() == test_labels).float().mean() > 0.75  # chance: 0.5
+
+
+def test_time_cutmix_swaps_one_segment_with_a_partner_record():
+    from workbench.adaptation.distill import time_cutmix
+
+    torch.manual_seed(0)
+    ecg = torch.arange(6, dtype=torch.float64)[:, None, None].expand(6, 12, 200).clone()  # record i is all i
+    mixed = time_cutmix(ecg, low=0.1, high=0.5)
+    assert mixed.shape == ecg.shape
+    for i in range(6):
+        changed = (mixed[i] != i).any(dim=0)  # time steps taken from elsewhere, the same for every lead
+        assert torch.equal((mixed[i] != i), changed.expand(12, -1))
+        steps = changed.nonzero().flatten()
+        if len(steps):  # one contiguous segment, 10-50 % long, from one partner record
+            assert steps[-1] - steps[0] + 1 == len(steps) and 20 <= len(steps) <= 100
+            assert len(mixed[i][:, steps].unique()) == 1
