@@ -213,7 +213,9 @@ class PtbXl(Task):
                     f"{path}: expected a folder in PTB-XL's layout (ptbxl_database.csv, scp_statements.csv, "
                     "records100/, records500/)"
                 )
-            records = read_ptbxl(path, PREPROCESSING, on_error=self.config["on_bad_record"], card="ptbxl")
+            records = read_ptbxl(
+                path, PREPROCESSING, on_error=self.config["on_bad_record"], card="ptbxl", progress=True
+            )
             splits = records.split(PTBXL_FOLDS)
             source, description = str(path), f"PTB-XL layout at {path} (folds 1-8 / 9 / 10)"
         if len(records.skipped):
@@ -355,7 +357,11 @@ class PtbXl(Task):
 
     # -- data commands ---------------------------------------------------------------------------
     def info(self, data: str | Path | None) -> str:
-        records = read_embedded(PREPROCESSING) if data is None else read_ptbxl(data, PREPROCESSING, card="ptbxl")
+        records = (
+            read_embedded(PREPROCESSING)
+            if data is None
+            else read_ptbxl(data, PREPROCESSING, card="ptbxl", progress=True)
+        )
         lines = [
             f"source: {records.source}",
             f"records: {len(records)} × {records.signals.shape[1]} leads × {records.signals.shape[2]} samples "
