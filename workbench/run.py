@@ -147,6 +147,7 @@ def adapt(
         return Run.load(out_dir)
 
     task: Task = tasks.get(config.task)(**config.task_options)
+    task.progress = not quiet
     device = torch.device(config.device)
     torch.manual_seed(config.seed)
     raw = task.read(config.data, config.seed)

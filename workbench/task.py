@@ -66,6 +66,8 @@ class Task:
 
     def __init__(self, **options: Any):
         self.config = resolve_options(f"task '{self.name}'", self.options, options)
+        #: Whether the task's long loops (reading a large data set) show a progress bar (off with ``--quiet``).
+        self.progress = True
 
     @classmethod
     def profile(cls, method: str) -> dict[str, Any]:

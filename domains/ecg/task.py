@@ -214,7 +214,7 @@ class PtbXl(Task):
                     "records100/, records500/)"
                 )
             records = read_ptbxl(
-                path, PREPROCESSING, on_error=self.config["on_bad_record"], card="ptbxl", progress=True
+                path, PREPROCESSING, on_error=self.config["on_bad_record"], card="ptbxl", progress=self.progress
             )
             splits = records.split(PTBXL_FOLDS)
             source, description = str(path), f"PTB-XL layout at {path} (folds 1-8 / 9 / 10)"
