@@ -144,6 +144,21 @@ def test_data_in_the_published_ptbxl_layout_uses_its_recommended_folds(tmp_path,
     assert metrics["samples"] == expected and metrics["data"] == str(EMBEDDED_PTBXL)
 
 
+@pytest.mark.slow
+def test_resume_reruns_an_unfinished_student_from_the_saved_teacher(run_dir, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    finished = json.loads((copy / "metrics.json").read_text())
+    for name in ("metrics.json", "results/distill.json", "results/distill.predictions.safetensors"):
+        (copy / name).unlink()
+    argv = ["adapt", "--domain", "ptbxl", "--epochs", "2", "--quiet", "--out", copy, "--resume"]
+    code, _, err = cli(argv, capsys)
+    assert code == 0, err
+    resumed = json.loads((copy / "metrics.json").read_text())
+    for name in ("full", "lora", "distill"):  # reused, reused, retrained from the htuning adapter: the same numbers
+        assert resumed["baselines"][name] == finished["baselines"][name], name
+
+
 def test_distill_refuses_a_teacher_that_is_not_a_run(tmp_path, capsys):
     argv = ["adapt", "--domain", "ptbxl", "--method", "distill", "--teacher", tmp_path, "--out", tmp_path / "r"]
     code, _, err = cli(argv, capsys)
