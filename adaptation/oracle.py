@@ -26,11 +26,14 @@ class OracleClassWeights(WeightedSourceLoss):
     name = "oracle"
     description = "Oracle weights (reference only): 1 on the source classes the target holds, 0 on the others"
 
-    def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
+    def check(self, task: "Task", data: "TaskData") -> None:
+        super().check(task, data)
         if "target_classes" not in data.summary:
             raise UserError(
                 f"method '{self.name}' needs the target's class set, which task '{task.name}' does not know"
             )
+
+    def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         super().setup(task, model, data, seed)
         present = torch.as_tensor(data.summary["target_classes"], device=self.device)
 
