@@ -13,15 +13,7 @@ import pytest
 wfdb = pytest.importorskip("wfdb")
 from scipy.signal import butter, resample_poly, sosfiltfilt  # noqa: E402
 from workbench.domains.ecg import generate, readers  # noqa: E402
-from workbench.domains.ecg.preprocess import (  # noqa: E402
-    LEADS,
-    EcgPreprocessing,
-    bandpass,
-    crop_or_pad,
-    preprocess,
-    resample,
-    zscore,
-)
+from workbench.domains.ecg.preprocess import LEADS, EcgPreprocessing, preprocess  # noqa: E402
 from workbench.domains.ecg.readers import (  # noqa: E402
     EMBEDDED_PTBXL,
     SUPERCLASSES,
@@ -35,6 +27,7 @@ from workbench.domains.ecg.readers import (  # noqa: E402
     read_raw_record,
     read_record,
 )
+from workbench.domains.signal import bandpass, crop_or_pad, resample, zscore  # noqa: E402
 
 from workbench.errors import UserError  # noqa: E402
 
@@ -127,24 +120,24 @@ def test_read_record_is_the_documented_pipeline(tmp_path):
     assert not x[:, 5000:].any()  # zero padding at the end, 6144 - 5000 samples
 
 
-def test_preprocessing_steps_against_scipy():
+def test_preprocess_is_the_shared_signal_steps_in_order():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(12, 2000)).cumsum(axis=1)
-    sos = butter(3, [1.0, 47.0], btype="bandpass", fs=500, output="sos")
-    np.testing.assert_allclose(bandpass(x, 500, (1.0, 47.0), 3), sosfiltfilt(sos, x, axis=-1), atol=1e-12)
-    z = zscore(x)
-    np.testing.assert_allclose(z.mean(axis=1), 0, atol=1e-12)
-    np.testing.assert_allclose(z.std(axis=1), 1, atol=1e-12)
-    np.testing.assert_allclose(resample(x, 500, 100), resample_poly(x, 1, 5, axis=-1), atol=1e-12)
-    np.testing.assert_allclose(resample(x, 257, 500), resample_poly(x, 500, 257, axis=-1), atol=1e-12)
-    assert resample(x, 500, 500) is not x and np.array_equal(resample(x, 500, 500), x)
-    cropped, n_real = crop_or_pad(x, 1000, "center")
-    assert n_real == 1000 and np.array_equal(cropped, x[:, 500:1500])
-    padded, n_real = crop_or_pad(x, 2500)
-    assert n_real == 2000 and np.array_equal(padded[:, :2000], x) and not padded[:, 2000:].any()
+    # 2000 samples at 500 Hz make 1000 at 250 Hz: zero-padded at the end to 1200
+    out, fs, n_real = preprocess(x, 500, EcgPreprocessing(sampling_rate_hz=250, n_samples=1200, crop="center"))
+    expected, _ = crop_or_pad(resample(zscore(bandpass(x, 500, (1.0, 47.0), 3)), 500, 250), 1200, "center", "zeros")
+    assert fs == 250 and n_real == 1000 and np.array_equal(out, expected.astype(np.float32))
     # every step can be switched off: then preprocess only resamples and crops
     raw, fs, n_real = preprocess(x, 500, EcgPreprocessing(500, 1500, bandpass_hz=None, zscore=False))
     assert fs == 500 and n_real == 1500 and np.allclose(raw, x[:, :1500], atol=1e-4)
+    # other pad modes; pad=None makes a short record a length problem instead of padding it
+    edge, _, n_real = preprocess(x, 500, EcgPreprocessing(500, 2100, pad="edge"))
+    assert n_real == 2000 and (edge[:, 2000:] == edge[:, 1999:2000]).all()
+    refusing = EcgPreprocessing(250, 1200, pad=None)
+    assert "2000 samples at 500 Hz make 1000 at 250 Hz, fewer than n_samples=1200" in refusing.length_problem(2000, 500)
+    assert refusing.length_problem(2400, 500) is None
+    with pytest.raises(ValueError, match="EcgPreprocessing\\(pad=...\\)"):
+        preprocess(x, 500, refusing)
 
 
 def test_settings_are_checked():
@@ -154,6 +147,8 @@ def test_settings_are_checked():
         EcgPreprocessing(crop="end")
     with pytest.raises(UserError, match="n_samples"):
         EcgPreprocessing(n_samples=0)
+    with pytest.raises(UserError, match="pad must be one of"):
+        EcgPreprocessing(pad="mean")
     assert "too low" in EcgPreprocessing().rate_problem(50)
     assert EcgPreprocessing().rate_problem(100) is None
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -322,6 +317,14 @@ def test_rate_too_low_for_the_band_pass(tmp_path):
     assert fs == 100 and x.shape == (12, 1000)
 
 
+def test_short_record_is_padded_only_when_the_settings_say(tmp_path):
+    path = write_record(tmp_path, "short", ecg_like(600, 100))  # 6 s at 100 Hz, the model wants 10 s
+    x, _ = read_record(path, SMALL)  # pad="zeros", H-Tuning's default
+    assert x.shape == (12, 1000) and not x[:, 600:].any()
+    with pytest.raises(BadRecordError, match=r"600 samples at 100 Hz make 600 at 100 Hz, fewer than n_samples=1000"):
+        read_record(path, dataclasses.replace(SMALL, pad=None))
+
+
 # ------------------------------------------------------------------------------------ the embedded set
 @pytest.fixture(scope="module")
 def embedded():
@@ -355,7 +358,13 @@ def test_embedded_records_are_reproducible_from_the_recipe(tmp_path):
     out = generate.generate_ptbxl_synthetic(tmp_path / "again", seed=2026, sites=(site_a,))
     again = read_raw_record(out / "records100/00000/00001_lr")
     shipped = read_raw_record(EMBEDDED_PTBXL / "records100/00000/00001_lr")
-    np.testing.assert_allclose(again.signal_mv, shipped.signal_mv, atol=2e-3)  # up to 1-2 ADC steps of 1 µV
+    # Sample for sample only under the BLAS kernels the data was made with: neurokit2's ECGSYN integrates an ODE
+    # whose morphology terms move by up to ~0.8 mV on two limb leads when OpenBLAS picks other kernels (measured:
+    # OPENBLAS_CORETYPE=Haswell on an AMD EPYC vs the default). The beats, the header and the labels never move.
+    assert (again.fs_hz, again.leads, again.signal_mv.shape) == (shipped.fs_hz, shipped.leads, shipped.signal_mv.shape)
+    np.testing.assert_array_equal(generate.r_peaks(again.signal_mv, 100), generate.r_peaks(shipped.signal_mv, 100))
+    correlations = [np.corrcoef(a, b)[0, 1] for a, b in zip(again.signal_mv, shipped.signal_mv)]
+    assert np.median(correlations) > 0.99 and min(correlations) > 0.8, correlations
     assert (
         pd.read_csv(out / "ptbxl_database.csv")["scp_codes"][0]
         == pd.read_csv(EMBEDDED_PTBXL / "ptbxl_database.csv")["scp_codes"][0]

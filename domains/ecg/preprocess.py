@@ -4,16 +4,18 @@ Source: H-Tuning (ICML 2025, github.com/KAZABANA/H-Tuning, ``datacollection.py``
 WFDB sets: physical units, Butterworth 1–47 Hz band-pass applied forwards and backwards, per-lead z-score,
 resampling to the model's 500 Hz, then the first 6144 samples, zero-padded at the end when shorter.
 
-For one record ``x`` (n_leads, n) [mV] sampled at ``fs`` [Hz], `preprocess` computes, in this order:
+For one record ``x`` (n_leads, n) [mV] sampled at ``fs`` [Hz], `preprocess` computes, in this order, with the
+shared signal functions of `workbench.domains.signal`:
 
-1. band-pass: ``sosfiltfilt(butter(order, [low, high], "bandpass", fs=fs, output="sos"), x)`` — zero phase,
+1. band-pass (`bandpass`): ``sosfiltfilt(butter(order, [low, high], "bandpass", fs=fs, output="sos"), x)`` — zero phase,
    so the effective magnitude response is the design's squared (order ``2·order`` overall);
-2. z-score per lead: ``(x − mean) / std`` over the record's own samples (population std; a flat lead is
+2. z-score per lead (`zscore`): ``(x − mean) / std`` over the record's own samples (population std; a flat lead is
    left at zero rather than divided by zero — the readers reject flat leads before this step);
-3. resampling to ``sampling_rate_hz``: ``resample_poly(x, up, down)`` with ``up/down`` the reduced
+3. resampling to ``sampling_rate_hz`` (`resample`): ``resample_poly(x, up, down)`` with ``up/down`` the reduced
    fraction ``fs_out/fs`` (its Kaiser-windowed FIR is the anti-aliasing filter);
-4. crop to ``n_samples`` (from the start, or centred) or pad with zeros at the end. Zeros are the lead
-   mean after step 2; `preprocess` also returns how many samples are real.
+4. crop to ``n_samples`` (`crop_or_pad`: from the start, or centred) or pad at the end as ``pad`` says (default
+   zeros, H-Tuning's: the lead mean after step 2; ``pad=None`` rejects a shorter record instead); `preprocess`
+   also returns how many samples are real.
 
 Shapes:
     signal (n_leads, n_samples) [mV in, standard deviations out]; a batch is ``ecg (batch, 12, n_samples)``.
@@ -22,17 +24,23 @@ Shapes:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 
 import numpy as np
-from scipy.signal import butter, resample_poly, sosfiltfilt
+from workbench.domains.signal import (
+    CROPS,
+    PAD_MODES,
+    bandpass,
+    bandpass_min_samples,
+    crop_or_pad,
+    resample,
+    resampled_length,
+    zscore,
+)
 
 from workbench.errors import UserError
 
 #: The standard 12 leads in the order every reader returns them (PTB-XL's and CinC 2021's order).
 LEADS: tuple[str, ...] = ("I", "II", "III", "aVR", "aVL", "aVF", "V1", "V2", "V3", "V4", "V5", "V6")
-
-CROPS = ("start", "center")
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ class EcgPreprocessing:
         filter_order: order of the Butterworth design (applied twice by ``sosfiltfilt``).
         zscore: subtract each lead's mean and divide by its standard deviation.
         crop: which part of a longer record to keep: ``"start"`` (H-Tuning) or ``"center"``.
+        pad: how to fill a record shorter than ``n_samples`` at its end, one of `PAD_MODES`: ``"zeros"``
+            (H-Tuning), ``"edge"`` or ``"reflect"``; None rejects such a record (a `length_problem`).
         leads: the leads to return, in this order (names matched case-insensitively: PTB-XL writes AVR).
     """
 
@@ -55,6 +65,7 @@ class EcgPreprocessing:
     filter_order: int = 3
     zscore: bool = True
     crop: str = "start"
+    pad: str | None = "zeros"
     leads: tuple[str, ...] = LEADS
 
     def __post_init__(self) -> None:
@@ -75,6 +86,8 @@ class EcgPreprocessing:
             raise UserError(f"EcgPreprocessing: filter_order must be a positive integer, got {self.filter_order}")
         if self.crop not in CROPS:
             raise UserError(f"EcgPreprocessing: crop must be one of {CROPS}, got {self.crop!r}")
+        if self.pad is not None and self.pad not in PAD_MODES:
+            raise UserError(f"EcgPreprocessing: pad must be one of {PAD_MODES} or None, got {self.pad!r}")
         if not self.leads or len({lead.lower() for lead in self.leads}) != len(self.leads):
             raise UserError(f"EcgPreprocessing: leads must be distinct names, got {self.leads}")
         object.__setattr__(self, "leads", tuple(self.leads))
@@ -91,86 +104,35 @@ class EcgPreprocessing:
             )
         return None
 
-    def length_problem(self, n: int) -> str | None:
-        """Why a record of ``n`` samples cannot be filtered (None when it can)."""
+    def length_problem(self, n: int, fs: float) -> str | None:
+        """Why a record of ``n`` samples at ``fs`` [Hz] cannot be filtered or padded as asked (None when it can)."""
         if n < 1:
             return "no samples"
-        if self.bandpass_hz is not None and n <= _padlen(self.filter_order):
-            needed = _padlen(self.filter_order)
+        if self.bandpass_hz is not None and n < bandpass_min_samples(self.filter_order):
+            needed = bandpass_min_samples(self.filter_order) - 1
             return f"{n} samples, too short for the order-{self.filter_order} band-pass (needs more than {needed})"
+        if self.pad is None and self.n_samples is not None:
+            fs_out = fs if self.sampling_rate_hz is None else self.sampling_rate_hz
+            n_out = resampled_length(n, fs, fs_out)
+            if n_out < self.n_samples:
+                return (
+                    f"{n} samples at {fs:g} Hz make {n_out} at {fs_out:g} Hz, fewer than n_samples={self.n_samples}; "
+                    "set EcgPreprocessing(pad=...) to pad short records, or drop this one"
+                )
         return None
-
-
-def _design(fs: float, band_hz: tuple[float, float], order: int) -> np.ndarray:
-    return butter(order, band_hz, btype="bandpass", fs=fs, output="sos")
-
-
-def _padlen(order: int) -> int:
-    """``sosfiltfilt``'s default edge padding for a band-pass of this order (``order`` sections)."""
-    return 3 * (2 * order + 1)
-
-
-def bandpass(signal: np.ndarray, fs: float, band_hz: tuple[float, float] = (1.0, 47.0), order: int = 3) -> np.ndarray:
-    """Zero-phase Butterworth band-pass along the last axis: ``sosfiltfilt(butter(...), signal)``.
-
-    Shapes: signal (..., n_samples) → (..., n_samples), float64.
-    """
-    return sosfiltfilt(_design(fs, band_hz, order), np.asarray(signal, dtype=np.float64), axis=-1)
-
-
-def zscore(signal: np.ndarray) -> np.ndarray:
-    """Each row minus its mean, divided by its (population) standard deviation; a constant row becomes 0.
-
-    Shapes: signal (n_leads, n_samples) → (n_leads, n_samples).
-    """
-    signal = np.asarray(signal, dtype=np.float64)
-    mean = signal.mean(axis=-1, keepdims=True)
-    std = signal.std(axis=-1, keepdims=True)
-    return (signal - mean) / np.where(std > 0, std, 1.0)
-
-
-def rate_fraction(fs_in: float, fs_out: float) -> tuple[int, int]:
-    """``(up, down)``: the reduced fraction ``fs_out / fs_in`` (rates taken to 1 mHz)."""
-    fraction = Fraction(round(fs_out * 1000), round(fs_in * 1000))
-    return fraction.numerator, fraction.denominator
-
-
-def resample(signal: np.ndarray, fs_in: float, fs_out: float) -> np.ndarray:
-    """Polyphase resampling along the last axis from ``fs_in`` to ``fs_out`` [Hz] (``scipy.signal.resample_poly``).
-
-    Shapes: signal (..., n) → (..., ceil(n · up / down)).
-    """
-    up, down = rate_fraction(fs_in, fs_out)
-    if up == down:
-        return np.array(signal, dtype=np.float64)  # a copy, as resample_poly's result would be
-    return resample_poly(np.asarray(signal, dtype=np.float64), up, down, axis=-1)
-
-
-def crop_or_pad(signal: np.ndarray, n_samples: int, crop: str = "start") -> tuple[np.ndarray, int]:
-    """The record cut to ``n_samples`` (``crop`` "start" or "center") or zero-padded at the end.
-
-    Returns ``(signal (n_leads, n_samples), n_real)``, ``n_real`` the samples that are not padding.
-    """
-    n = signal.shape[-1]
-    if n >= n_samples:
-        start = 0 if crop == "start" else (n - n_samples) // 2
-        return signal[..., start : start + n_samples], n_samples
-    padded = np.zeros(signal.shape[:-1] + (n_samples,), dtype=signal.dtype)
-    padded[..., :n] = signal
-    return padded, n
 
 
 def preprocess(signal_mv: np.ndarray, fs: float, settings: EcgPreprocessing) -> tuple[np.ndarray, float, int]:
     """Band-pass, z-score, resample and crop/pad one record, as `EcgPreprocessing` says.
 
-    The caller checks ``settings.rate_problem(fs)`` and ``settings.length_problem(n)`` first (the readers
+    The caller checks ``settings.rate_problem(fs)`` and ``settings.length_problem(n, fs)`` first (the readers
     do); here a record that fails them is a ``ValueError``.
 
     Returns:
         ``(signal (n_leads, n_out) float32, fs_out [Hz], n_real)`` — ``n_real`` samples are data, the rest
-        (up to ``settings.n_samples``) zero padding.
+        (up to ``settings.n_samples``) padding as ``settings.pad`` says.
     """
-    problem = settings.rate_problem(fs) or settings.length_problem(signal_mv.shape[-1])
+    problem = settings.rate_problem(fs) or settings.length_problem(signal_mv.shape[-1], fs)
     if problem:
         raise ValueError(problem)
     x = np.asarray(signal_mv, dtype=np.float64)
@@ -182,5 +144,5 @@ def preprocess(signal_mv: np.ndarray, fs: float, settings: EcgPreprocessing) -> 
     x = resample(x, fs, fs_out)
     n_real = x.shape[-1]
     if settings.n_samples is not None:
-        x, n_real = crop_or_pad(x, int(settings.n_samples), settings.crop)
+        x, n_real = crop_or_pad(x, int(settings.n_samples), settings.crop, settings.pad)
     return x.astype(np.float32), fs_out, n_real

@@ -346,7 +346,7 @@ def read_record(
 
 def _prepared(path, settings: EcgPreprocessing, expected_rate_hz: float | None):
     raw = read_raw_record(path, leads=settings.leads, expected_rate_hz=expected_rate_hz)
-    problem = settings.rate_problem(raw.fs_hz) or settings.length_problem(raw.signal_mv.shape[1])
+    problem = settings.rate_problem(raw.fs_hz) or settings.length_problem(raw.signal_mv.shape[1], raw.fs_hz)
     if problem:
         raise BadRecordError(raw.record + ".hea", problem)
     signal, fs_out, n_real = preprocess(raw.signal_mv, raw.fs_hz, settings)
