@@ -25,7 +25,14 @@ A block whose smaller side is below ``r`` gets that smaller rank instead (``A @ 
 reach every matrix of the block then, so nothing is lost but parameters); the scale stays ``alpha / r``.
 
 Initialisation as the authors': ``A ~ N(0, 1)``, ``B = 0``, so the adapted model starts identical to
-the base model. `merge` folds the updates into the weights and returns a plain model.
+the base model. `merge` folds the updates into the weights and returns a plain model; it removes ELoRA's own
+parametrizations only, and a model's other parametrizations stay as they are.
+
+What ELoRA shares with `workbench.adaptation.lora`: the adapter file (one safetensors file whose metadata holds
+the method and its configuration, loaded with a matched / missing / unexpected report, `lora.io`). What it does
+not: the feature-space `LoraLayer` (a low-rank path across the irreps axis breaks equivariance, see above) and
+LoRA's factor layout — here ``ΔW_p = A_p @ B_p`` with ``A ~ N(0, 1)`` per path, in e3nn's flat weight order; the
+common part is one matrix product.
 
 Example::
 
@@ -37,7 +44,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Iterator
@@ -47,8 +53,8 @@ from e3nn import o3
 from e3nn.nn._fc import _Layer as RadialLayer
 from torch import nn
 from torch.nn.utils import parametrize
+from workbench.adaptation.lora.io import load_into, read_adapter, write_adapter
 
-from workbench.checkpoint import load_tensors, read_metadata, save_tensors
 from workbench.errors import UserError
 from workbench.method import Method
 from workbench.options import Option
@@ -129,6 +135,22 @@ class ElementLowRank(nn.Module):
         return weight + self.scale * (self.A / self.n_params) @ self.B
 
 
+#: The parametrizations ELoRA registers (what `merge` removes; `apply` refuses a model already carrying one).
+ADAPTERS = (PathLowRank, DenseLowRank, ElementLowRank)
+
+
+def _adapted(model: nn.Module) -> list[tuple[nn.Module, str, bool]]:
+    """(module, attribute, whether ELoRA's adapter is the attribute's only parametrization) of every weight that
+    carries an ELoRA adapter."""
+    found = []
+    for module in model.modules():
+        if parametrize.is_parametrized(module):
+            for attribute, stack in module.parametrizations.items():
+                if any(isinstance(p, ADAPTERS) for p in stack):
+                    found.append((module, attribute, all(isinstance(p, ADAPTERS) for p in stack)))
+    return found
+
+
 def _weighted_path_shapes(module: o3.Linear | o3.TensorProduct) -> list[tuple[int, ...]]:
     if isinstance(module, o3.Linear):
         return [tuple(ins.path_shape) for ins in module.instructions]
@@ -161,8 +183,8 @@ def apply(model: nn.Module, rank: int = 16, alpha: float = 16.0, train_lower_ord
     """
     if rank < 1:
         raise UserError(f"ELoRA rank must be a positive integer, got {rank}")
-    if any(parametrize.is_parametrized(m) for m in model.modules()):
-        raise UserError("this model already carries parametrized adapters; merge them first (elora.merge)")
+    if _adapted(model):
+        raise UserError("this model already carries ELoRA adapters; merge them first (elora.merge)")
     model.requires_grad_(False)
     targets = list(_targets(model))
     if not targets:
@@ -189,11 +211,20 @@ def apply(model: nn.Module, rank: int = 16, alpha: float = 16.0, train_lower_ord
 
 
 def merge(model: nn.Module) -> nn.Module:
-    """Fold every ELoRA update into its weight, remove the adapters and return the plain model."""
-    for module in list(model.modules()):
-        if parametrize.is_parametrized(module):
-            for attribute in list(module.parametrizations.keys()):
-                parametrize.remove_parametrizations(module, attribute, leave_parametrized=True)
+    """Fold every ELoRA update into its weight, remove the adapters and return the plain model.
+
+    Only ELoRA's parametrizations are removed. A weight on which ELoRA's adapter is stacked over another
+    parametrization cannot be folded without folding that one too: such a model is refused, unchanged.
+    """
+    adapted = _adapted(model)
+    stacked = [type(module).__name__ + "." + attribute for module, attribute, alone in adapted if not alone]
+    if stacked:
+        raise UserError(
+            f"cannot merge ELoRA: its adapter is stacked over another parametrization on {', '.join(stacked[:3])}; "
+            "fold that one first (torch.nn.utils.parametrize.remove_parametrizations(..., leave_parametrized=True))"
+        )
+    for module, attribute, _ in adapted:
+        parametrize.remove_parametrizations(module, attribute, leave_parametrized=True)
     if hasattr(model, "_elora_config"):
         del model._elora_config
     return model
@@ -205,17 +236,22 @@ def save_adapter(model: nn.Module, path: str | Path) -> None:
     config = getattr(model, "_elora_config", None)
     if config is None:
         raise UserError("this model carries no ELoRA adapter (call elora.apply first)")
-    save_tensors(path, ELoRA().trainable_state(model), metadata={"method": "elora", "config": json.dumps(config)})
+    write_adapter(path, ELoRA().trainable_state(model), "elora", config)
 
 
 def load_adapter(model: nn.Module, path: str | Path) -> nn.Module:
-    """Apply ELoRA to a base ``model`` with the configuration saved in ``path`` and load the adapter into it."""
-    metadata = read_metadata(path)
-    if metadata.get("method") != "elora" or "config" not in metadata:
-        raise UserError(f"{path}: not an ELoRA adapter (its metadata names method {metadata.get('method')!r})")
-    config = json.loads(metadata["config"])
-    apply(model, rank=config["rank"], alpha=config["alpha"], train_lower_order=config["train_lower_order"])
-    ELoRA().load_trainable_state(model, load_tensors(path), source=path)
+    """Apply ELoRA to a base ``model`` with the configuration saved in ``path`` and load the adapter into it.
+
+    The file must hold exactly the adapter's tensors, of the same shapes (else a `UserError` naming the file and
+    the matched / missing / unexpected tensors).
+    """
+    tensors, config = read_adapter(path, "elora")
+    try:
+        options = {key: config[key] for key in ("rank", "alpha", "train_lower_order")}
+    except (KeyError, TypeError):
+        raise UserError(f"{path}: not an ELoRA adapter (no ELoRA configuration in its metadata)") from None
+    apply(model, **options)
+    load_into({n: p for n, p in model.named_parameters() if p.requires_grad}, tensors, path, strict=True)
     return model
 
 

@@ -135,7 +135,7 @@ def measure_in_fresh_process(name: str, options: dict, batch_size: int, args) ->
 
 def latency_and_size(batch_sizes: tuple[int, ...], repeats: int) -> dict[str, dict]:
     """Median forward seconds (one thread) and size of the shipped teacher and fresh 12/3/1-lead students."""
-    from workbench.models.ecg import ECGStudent, load_ecg_model, SHIPPED_CHECKPOINT
+    from workbench.models.ecg import SHIPPED_CHECKPOINT, ECGStudent, load_ecg_model
 
     torch.set_num_threads(1)
     models = {"teacher": load_ecg_model(SHIPPED_CHECKPOINT).eval()}

@@ -15,9 +15,11 @@ of both, for 100 Hz × 1000-sample records (PTB-XL ``records100``):
 
 ``ECGStudent``: the same with 1–2 conv blocks (stride 4), one transformer layer and a linear classifier.
 
-The merged ``qkv`` linear is what H-Tuning's LoRA targets; `lora_targets` of each model lists the modules
-LoRA adapts (every conv, qkv, the attention output, the FFN and the head's first layer — not the last
-classifier, which trains in full). Normalisation is GroupNorm/LayerNorm and there is no dropout, so the
+The merged ``qkv`` linear is what H-Tuning's LoRA targets; each model declares (``workbench_spec``, a
+`workbench.model.ModelSpec`) its LoRA target groups — every conv (``conv``), qkv (``qkv``), the attention output
+(``attention``), the FFN (``ffn``) and the teacher's first head layer (``head``) — its head (the last
+``classifier``, which LoRA methods train in full), its embedding hook (``features``) and braindecode's signal
+vocabulary (leads as ``chs_info``, 100 Hz). Normalisation is GroupNorm/LayerNorm and there is no dropout, so the
 forward pass has no running statistics and is deterministic: zeroth-order loss differences then measure the
 parameters' effect alone, and ``train()``/``eval()`` give the same outputs.
 
@@ -43,11 +45,13 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
+from workbench.adaptation.lora import lora_layers
 from workbench.domains.ecg.preprocess import LEADS
 
 from workbench.checkpoint import load_model, save_model
 from workbench.errors import UserError
-from workbench.model import ModelFamily
+from workbench.model import ModelFamily, ModelSpec, SignalSpec
 from workbench.registry import models
 
 #: The shipped teacher, pretrained on the source site of the embedded data (card ``ecg-teacher-small``).
@@ -149,8 +153,26 @@ class _ECGModel(nn.Module):
     """Shared input check, lead selection, token encoding, pooling; subclasses build ``stem``/``layers``/head."""
 
     kind: str
-    #: fnmatch patterns of the module names LoRA adapts (see `workbench.adaptation.ecg_lora.apply`).
-    lora_targets: tuple[str, ...]
+    #: LoRA target groups (fnmatch patterns over module names, `workbench.adaptation.lora.apply`).
+    lora_target_groups: dict[str, tuple[str, ...]]
+
+    @property
+    def workbench_spec(self) -> ModelSpec:
+        """What the model declares to the methods: LoRA target groups, head, embedding hook, signal shape."""
+        architecture = self.architecture
+        return ModelSpec(
+            family="ecg",
+            head="classifier",
+            lora_target_groups=dict(self.lora_target_groups),
+            embedding="features",
+            signal=SignalSpec(
+                n_chans=architecture["n_leads"],
+                n_outputs=architecture["n_classes"],
+                n_times=architecture["n_samples"],
+                sfreq=100.0,
+                chs_info=tuple({"ch_name": lead} for lead in LEAD_SUBSETS[architecture["n_leads"]]),
+            ),
+        )
 
     def _check(self, ecg: torch.Tensor) -> torch.Tensor:
         n_leads = self.architecture["n_leads"]
@@ -193,7 +215,13 @@ class ECGEncoder(_ECGModel):
     """
 
     kind = "ecg_encoder"
-    lora_targets = ("stem.*", "layers.*", "head_hidden")
+    lora_target_groups = {
+        "conv": ("stem.*",),
+        "qkv": ("layers.*.attention.qkv",),
+        "attention": ("layers.*.attention.proj",),
+        "ffn": ("layers.*.ffn.*",),
+        "head": ("head_hidden",),
+    }
 
     def __init__(
         self,
@@ -251,7 +279,12 @@ class ECGStudent(_ECGModel):
     """
 
     kind = "ecg_student"
-    lora_targets = ("stem.*", "layers.*")
+    lora_target_groups = {
+        "conv": ("stem.*",),
+        "qkv": ("layers.*.attention.qkv",),
+        "attention": ("layers.*.attention.proj",),
+        "ffn": ("layers.*.ffn.*",),
+    }
 
     def __init__(
         self,
@@ -289,6 +322,9 @@ class ECGStudent(_ECGModel):
         return self.tokens(ecg).mean(dim=1)
 
 
+#: Sizes a task may give `ECGFamily.load` to check a checkpoint against.
+ECG_SIZES = ("n_leads", "n_classes", "n_samples")
+
 MODEL_KINDS: dict[str, type[_ECGModel]] = {ECGEncoder.kind: ECGEncoder, ECGStudent.kind: ECGStudent}
 
 
@@ -305,8 +341,12 @@ def build_ecg_model(architecture: Mapping[str, Any]) -> _ECGModel:
 
 def save_ecg_model(model: _ECGModel, path: str | Path) -> None:
     """Weights to ``path`` (.safetensors) and the architecture to the ``.json`` beside it (merge adapters first)."""
-    if any(".parametrizations." in name for name in model.state_dict()):
-        raise UserError("this ECG model carries LoRA adapters; merge them first (ecg_lora.merge) and save the result")
+    adapted = list(lora_layers(model)) + [n for n, m in model.named_modules() if parametrize.is_parametrized(m)]
+    if adapted:
+        raise UserError(
+            f"this ECG model carries adapters ({', '.join(adapted[:3])}); merge them first "
+            "(workbench.adaptation.lora.merge) and save the result"
+        )
     save_model(model, path, model.kind)
 
 
@@ -328,5 +368,17 @@ class ECGFamily(ModelFamily):
     description = "Conv + transformer 12-lead ECG classifier (H-Tuning's backbone, CPU-sized); shipped: small teacher"
     card = "ecg-teacher-small"
 
-    def load(self, source=None, *, trust_checkpoint=False, dtype=torch.float32) -> nn.Module:
-        return load_ecg_model(SHIPPED_CHECKPOINT if source is None else source).to(dtype)
+    def load(self, source=None, *, trust_checkpoint=False, **sizes) -> nn.Module:
+        """The checkpoint at ``source`` (the shipped teacher when None) in float32; ``sizes`` it knows
+        (``n_leads``, ``n_classes``, ``n_samples``) must match its architecture, others are not its concern."""
+        model = load_ecg_model(SHIPPED_CHECKPOINT if source is None else source).to(torch.float32)
+        architecture = model.architecture
+        wrong = {k: (v, architecture[k]) for k, v in sizes.items() if k in ECG_SIZES and architecture[k] != v}
+        if wrong:
+            found = ", ".join(f"{k} {have} (the data needs {need})" for k, (need, have) in wrong.items())
+            raise UserError(f"{source or SHIPPED_CHECKPOINT}: the model has {found}")
+        return model
+
+    def files(self, source=None) -> list[Path]:
+        path = Path(source) if source is not None else SHIPPED_CHECKPOINT
+        return [path, path.with_suffix(".json")]

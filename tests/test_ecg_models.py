@@ -1,4 +1,4 @@
-"""ECG teacher/student models, LoRA on conv + linear layers, H-Tuning's mixed-order gradient, distillation."""
+"""ECG teacher/student models, LoRA on their declared groups, H-Tuning's mixed-order gradient, distillation."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.nn.utils import parametrize
-from workbench.adaptation import ecg_lora, htuning
+from workbench.adaptation import htuning, lora
 from workbench.adaptation.distill import Distill, distillation_loss
 from workbench.models.ecg import (
     ECGEncoder,
@@ -88,9 +87,23 @@ def test_save_load_round_trip(tmp_path):
         loaded = load_ecg_model(path)
         assert type(loaded) is type(model) and loaded.architecture == model.architecture
         assert torch.equal(loaded(ecg), model(ecg))
-    ecg_lora.apply(model)
+    lora.apply(model)
     with pytest.raises(UserError, match="merge"):
         save_ecg_model(model, tmp_path / "adapted.safetensors")
+
+
+def test_models_declare_groups_head_embedding_and_signal():
+    teacher, student = tiny_encoder(n_leads=3), ECGStudent(n_leads=1, n_classes=4, n_samples=64).double()
+    spec = teacher.workbench_spec
+    assert (spec.family, spec.head, spec.embedding) == ("ecg", "classifier", "features")
+    assert spec.signal.n_chans == 3 and spec.signal.n_outputs == 5 and spec.signal.n_times == 64
+    assert [c["ch_name"] for c in spec.signal.chs_info] == ["I", "II", "V2"] and spec.signal.sfreq == 100.0
+    assert "head" not in student.workbench_spec.lora_target_groups  # the student has no head_hidden
+    assert student.workbench_spec.signal.n_outputs == 4
+    ecg, _ = tiny_batch(n=2)
+    for model in (teacher, student):  # the head reads what the embedding hook gives
+        head = model.get_submodule(model.workbench_spec.head)
+        assert torch.equal(head(getattr(model, model.workbench_spec.embedding)(ecg)), model(ecg))
 
 
 # -- LoRA -----------------------------------------------------------------------------------------
@@ -103,14 +116,16 @@ def outputs_on(ecg):
 def test_lora_identity_merge_and_only_adapters_train():
     ecg, labels = tiny_batch()
     base = tiny_encoder()
-    method = ecg_lora.LoRA()
+    method = lora.LoRA()
     prepared = assert_identity_at_init(base, method, outputs_on(ecg))
-    adapted = {n for n, m in prepared.named_modules() if parametrize.is_parametrized(m)}
-    assert {"stem.0.conv", "layers.0.attention.qkv", "layers.1.ffn.2", "head_hidden"} <= adapted
-    assert "classifier" not in adapted
+    adapted = set(lora.lora_layers(prepared))
+    convs_and_linears = {n for n, m in base.named_modules() if isinstance(m, (torch.nn.Conv1d, torch.nn.Linear))}
+    assert adapted == convs_and_linears - {"classifier"}  # every conv, qkv, proj, FFN and head_hidden
     trainable = {n for n, p in prepared.named_parameters() if p.requires_grad}
-    assert trainable == {n for n in trainable if n.endswith((".A", ".B"))} | {"classifier.weight", "classifier.bias"}
-    assert prepared.stem[0].conv.parametrizations.weight[0].B.shape == (8, 8)  # rank capped at min(out, in·k)
+    lora_names = {n for n in trainable if ".lora_A." in n or ".lora_B." in n}
+    assert trainable == lora_names | {"classifier.weight", "classifier.bias"}
+    assert prepared.stem[0].conv.lora_B.weight.shape == (8, 16, 1)  # rank 16 as given, as PEFT does
+    assert prepared.stem[0].conv.lora_A.weight.shape == (16, 12, 7)  # the base kernel
 
     def step(model):
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
@@ -118,19 +133,36 @@ def test_lora_identity_merge_and_only_adapters_train():
         optimizer.step()
 
     assert_only_trainable_change(prepared, step)
-    randomize(ecg_lora.adapter_parameters(prepared))  # B ≠ 0: merging must matter
+    randomize(lora.adapter_parameters(prepared))  # B ≠ 0: merging must matter
     merged = assert_merge_equivalent(prepared, method, outputs_on(ecg), tol=1e-10)
-    assert not any(parametrize.is_parametrized(m) for m in merged.modules())
+    assert not lora.lora_layers(merged) and type(merged.layers[0].attention.qkv) is torch.nn.Linear
     assert set(merged.state_dict()) == set(base.state_dict())
 
 
 def test_lora_adapter_save_load(tmp_path):
     ecg, _ = tiny_batch(n=2)
-    model = ecg_lora.apply(tiny_encoder(), rank=4, alpha=8, train=("classifier.*",))
+    model = lora.apply(tiny_encoder(), targets=["conv", "qkv"], rank=4, alpha=8, train=("classifier.*",))
     randomize([p for p in model.parameters() if p.requires_grad])
-    ecg_lora.save_adapter(model, tmp_path / "adapter.safetensors")
-    loaded = ecg_lora.load_adapter(tiny_encoder(), tmp_path / "adapter.safetensors")
+    lora.save_adapter(model, tmp_path / "adapter")
+    loaded = tiny_encoder()
+    report = lora.load_adapter(loaded, tmp_path / "adapter")
+    assert not report.missing and not report.unexpected
+    assert list(lora.lora_layers(loaded)) == [
+        "stem.0.conv",
+        "stem.1.conv",
+        "layers.0.attention.qkv",
+        "layers.1.attention.qkv",
+    ]
     assert torch.equal(loaded(ecg), model(ecg))
+
+
+def test_family_load_checks_the_sizes_it_knows():
+    from workbench.models.ecg import ECGFamily
+
+    model = ECGFamily().load(n_classes=5, n_leads=12, in_features=99)  # other families' sizes are not its concern
+    assert model.architecture["n_classes"] == 5 and next(model.parameters()).dtype == torch.float32
+    with pytest.raises(UserError, match="n_classes 5 \\(the data needs 3\\)"):
+        ECGFamily().load(n_classes=3)
 
 
 # -- H-Tuning -------------------------------------------------------------------------------------
@@ -138,9 +170,9 @@ def test_lora_adapter_save_load(tmp_path):
 
 def prepared_htuning(seed: int = 0, rank: int = 16):
     model = htuning.HTuning(rank=rank).prepare(tiny_encoder(seed=seed))
-    lora, head = htuning.split_parameters(model)
-    randomize(lora, seed=seed + 10)  # away from B = 0, where dL/dA vanishes
-    return model, lora, head
+    theta, head = htuning.split_parameters(model)
+    randomize(theta, seed=seed + 10)  # away from B = 0, where dL/dA vanishes
+    return model, theta, head
 
 
 def full_batch_gradients(model, params, ecg, labels):
@@ -151,10 +183,14 @@ def test_htuning_prepare_trains_lora_biases_and_classifier():
     ecg, _ = tiny_batch(n=2)
     model = assert_identity_at_init(tiny_encoder(), htuning.HTuning(), outputs_on(ecg))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert "classifier.weight" in trainable and "layers.0.attention.qkv.bias" in trainable
-    assert all(n.endswith((".A", ".B", ".bias")) or n == "classifier.weight" for n in trainable)
-    lora, head = htuning.split_parameters(model)
-    assert len(head) == 2 and len(lora) + 2 == len(trainable)
+    assert "classifier.weight" in trainable and "layers.0.attention.qkv.base_layer.bias" in trainable
+    assert all(n.endswith((".lora_A.weight", ".lora_B.weight", ".bias")) or n == "classifier.weight" for n in trainable)
+    theta, head = htuning.split_parameters(model)
+    assert len(head) == 2 and len(theta) + 2 == len(trainable)
+    assert head == [model.classifier.weight, model.classifier.bias]
+    qkv = model.layers[0].attention.qkv  # the order H-Tuning's seeded z draws follow: bias, A, B per module
+    position = next(i for i, p in enumerate(theta) if p is qkv.base_layer.bias)
+    assert theta[position + 1] is qkv.lora_A.weight and theta[position + 2] is qkv.lora_B.weight
 
 
 def test_c_one_is_the_sub_batch_backprop_gradient_and_head_is_exact():

@@ -1,0 +1,60 @@
+"""LoRA for every non-equivariant model: config, layer and model sides, as HF PEFT's ``tuners/lora``.
+
+Paper: Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022. Each target ``nn.Linear``,
+``nn.Conv1d`` or ``nn.Conv2d`` becomes a `LoraLayer` computing ``W x + b + (alpha / r) · B A dropout(x)``, with
+PEFT's parameter names and file layout, so adapters move between the workbench and PEFT.
+
+- `apply` / `apply_config`, `merge`, `unmerge`, `save_adapter`, `load_adapter`, `set_adapter_weights`,
+  `adapter_parameters`, `adapter_state`, `lora_layers` (`workbench.adaptation.lora.model`);
+- `LoraLayer`, `RoutedLoraLayer` (H-LoRA's token-routed experts) (`workbench.adaptation.lora.layer`);
+- `LoraConfig`, `conv_rule_rank` (`workbench.adaptation.lora.config`);
+- `LoadReport`, and the adapter-file helpers ELoRA shares (`workbench.adaptation.lora.io`);
+- the workbench method ``lora`` (`workbench.adaptation.lora.method.LoRA`).
+
+Example::
+
+    >>> from workbench.adaptation import lora
+    >>> model = lora.apply(model, targets=["qkv"], rank=8)   # doctest: +SKIP
+    >>> plain = lora.merge(model)                            # doctest: +SKIP
+"""
+
+from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, LoraConfig, conv_rule_rank
+from workbench.adaptation.lora.io import LoadReport
+from workbench.adaptation.lora.layer import SUPPORTED, LoraLayer, RoutedLoraLayer
+from workbench.adaptation.lora.method import LoRA
+from workbench.adaptation.lora.model import (
+    adapter_parameters,
+    adapter_state,
+    apply,
+    apply_config,
+    load_adapter,
+    lora_layers,
+    merge,
+    peft_config_of,
+    save_adapter,
+    set_adapter_weights,
+    unmerge,
+)
+
+__all__ = [
+    "COMPUTES",
+    "CONV_RANKS",
+    "SUPPORTED",
+    "LoRA",
+    "LoadReport",
+    "LoraConfig",
+    "LoraLayer",
+    "RoutedLoraLayer",
+    "adapter_parameters",
+    "adapter_state",
+    "apply",
+    "apply_config",
+    "conv_rule_rank",
+    "load_adapter",
+    "lora_layers",
+    "merge",
+    "peft_config_of",
+    "save_adapter",
+    "set_adapter_weights",
+    "unmerge",
+]

@@ -1,0 +1,151 @@
+"""What `workbench.adaptation.lora.apply` is asked for (`LoraConfig`), and how each target's rank is chosen.
+
+A `LoraConfig` is the JSON-able record of one `apply` call: `save_adapter` writes it into the adapter file, and
+`load_adapter` rebuilds the same adapters on the same architecture from it (as PEFT's ``LoraConfig`` does).
+
+Rank of a target module (first rule that applies):
+
+1. ``rank_pattern``: the rank of the first fnmatch pattern (in the mapping's order) that matches the module name;
+2. ``conv_rank="rule"`` and the module is a convolution: `conv_rule_rank` (the brainwave-LoRA rule);
+3. ``rank``.
+
+The scale of every target is ``alpha / its rank`` (as PEFT does with its ``rank_pattern``), times the number of
+experts for routed (H-LoRA) layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, Mapping
+
+from torch import nn
+
+from workbench.errors import UserError
+
+#: ``compute`` choices: ``"input"`` (PEFT's ``W x + B A x``) or ``"weight"`` (``(W + B A) x``).
+COMPUTES = ("input", "weight")
+#: ``conv_rank`` choices: ``"peft"`` (convolutions take ``rank`` like every target), ``"rule"`` (`conv_rule_rank`).
+CONV_RANKS = ("peft", "rule")
+
+
+def conv_rule_rank(in_channels: int, out_channels: int, kernel_numel: int) -> int:
+    """The brainwave-LoRA conv rank: the largest power of 2 whose adapter is not larger than the weight.
+
+    Paper: the ICML 2025 evaluation of large brainwave foundation models fine-tuned with LoRA (seed 001 of this
+    project; METHODS.md, "Large brainwave foundation models with LoRA"): "conv rank: largest power of 2 whose
+    adapter is not larger than the weight".
+
+    The adapter is counted in the factorisation every convolution gets here (PEFT's): ``lora_A`` has the base
+    kernel, ``(r, in, *kernel)``, and ``lora_B`` is 1×1, ``(out, r, 1, ...)``, so it holds ``r·(in·K + out)``
+    values against the weight's ``out·in·K`` (``K = kernel_numel``)::
+
+        r = max{2^j : 2^j·(in·K + out) ≤ out·in·K},  at least 1
+
+    The rule needs no other factorisation: it only picks ``r``, and keeping PEFT's shapes keeps the adapter file
+    loadable by PEFT (the chosen ranks go into its ``rank_pattern``). A weight smaller than any rank-1 adapter
+    (e.g. a 1→1 channel, kernel-1 conv) gets rank 1, the smallest adapter there is.
+
+    Args:
+        in_channels, out_channels: the convolution's channels (groups = 1).
+        kernel_numel: product of the kernel sizes (15 for a ``(1, 15)`` kernel).
+
+    Example::
+
+        >>> conv_rule_rank(1, 8, 15), conv_rule_rank(8, 8, 3), conv_rule_rank(12, 32, 7)
+        (4, 4, 16)
+    """
+    weight = out_channels * in_channels * kernel_numel
+    per_rank = in_channels * kernel_numel + out_channels
+    rank = 1
+    while 2 * rank * per_rank <= weight:
+        rank *= 2
+    return rank
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """The arguments of one `apply` call (see `workbench.adaptation.lora.apply` for their meaning).
+
+    Args:
+        targets: group names of the model's ``lora_target_groups`` and/or fnmatch patterns over module names;
+            None (default) adapts every declared group.
+        rank: LoRA rank ``r`` (default 8).
+        alpha: scale numerator: updates are multiplied by ``alpha / r`` (default 8).
+        dropout: dropout probability on the adapter's input (default 0).
+        rank_pattern: ``{fnmatch pattern over module names: rank}``; the first matching pattern wins (default none).
+        conv_rank: ``"peft"`` (default) or ``"rule"`` (`conv_rule_rank` for convolutions).
+        train: fnmatch patterns over parameter names trained in full besides the adapters (default none).
+        experts: number ``k`` of token-routed experts (H-LoRA, `RoutedLoraLayer`); None (default) for plain LoRA.
+        compute: ``"input"`` (default, PEFT's) or ``"weight"`` (``ΔW`` folded into the weight on each forward; the
+            same function, other memory and time, see `workbench.adaptation.lora.layer`).
+    """
+
+    targets: tuple[str, ...] | None = None
+    rank: int = 8
+    alpha: float = 8.0
+    dropout: float = 0.0
+    rank_pattern: Mapping[str, int] = field(default_factory=dict)
+    conv_rank: str = "peft"
+    train: tuple[str, ...] = ()
+    experts: int | None = None
+    compute: str = "input"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.targets, str):
+            object.__setattr__(self, "targets", (self.targets,))
+        elif self.targets is not None:
+            object.__setattr__(self, "targets", tuple(self.targets))
+        object.__setattr__(self, "train", (self.train,) if isinstance(self.train, str) else tuple(self.train))
+        object.__setattr__(self, "rank_pattern", dict(self.rank_pattern or {}))
+        object.__setattr__(self, "alpha", float(self.alpha))
+        object.__setattr__(self, "dropout", float(self.dropout))
+        for name, rank in [("rank", self.rank), *((f"rank_pattern['{k}']", v) for k, v in self.rank_pattern.items())]:
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+                raise UserError(f"LoRA {name} must be a positive integer, got {rank!r}")
+        if not self.alpha > 0:
+            raise UserError(f"LoRA alpha must be positive, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"LoRA dropout must lie in [0, 1), got {self.dropout}")
+        if self.conv_rank not in CONV_RANKS:
+            raise UserError(f"LoRA conv_rank must be one of {CONV_RANKS}, got {self.conv_rank!r}")
+        if self.experts is not None and (isinstance(self.experts, bool) or not isinstance(self.experts, int)):
+            raise UserError(f"LoRA experts must be a positive integer or None, got {self.experts!r}")
+        if self.experts is not None and self.experts < 1:
+            raise UserError(f"LoRA experts must be a positive integer or None, got {self.experts}")
+        if self.compute not in COMPUTES:
+            raise UserError(f"LoRA compute must be one of {COMPUTES}, got {self.compute!r}")
+        if self.compute == "weight" and self.experts is not None:
+            raise UserError("routed experts (H-LoRA) depend on the input: they cannot be computed in weight space")
+
+    def rank_of(self, name: str, module: nn.Module) -> int:
+        """The rank of target ``name`` (``rank_pattern``, then the conv rule, then ``rank``; see the module doc)."""
+        for pattern, rank in self.rank_pattern.items():
+            if fnmatchcase(name, pattern):
+                return rank
+        if self.conv_rank == "rule" and isinstance(module, (nn.Conv1d, nn.Conv2d)):
+            kernel = module.weight.shape[2:].numel()
+            return conv_rule_rank(module.in_channels, module.out_channels, kernel)
+        return self.rank
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (tuples become lists)."""
+        out = asdict(self)
+        out["targets"] = None if self.targets is None else list(self.targets)
+        out["train"] = list(self.train)
+        return out
+
+    @classmethod
+    def from_dict(cls, content: Mapping[str, Any], source: str | Path) -> "LoraConfig":
+        """The config `to_dict` wrote; an unknown or malformed field is a `UserError` naming ``source``."""
+        if not isinstance(content, Mapping):
+            raise UserError(f"{source}: the LoRA configuration must be a JSON object, found {type(content).__name__}")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(content) - known)
+        if unknown:
+            raise UserError(f"{source}: unknown LoRA configuration field(s) {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**content)
+        except (TypeError, ValueError, UserError) as error:
+            raise UserError(f"{source}: bad LoRA configuration ({error})") from None

@@ -1,0 +1,399 @@
+"""LoRA on a whole model: choose the targets, wrap them, freeze the rest, merge, save and load.
+
+Paper: Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022. The model side of HF PEFT's
+``tuners/lora/model.py``, working in place on a plain ``nn.Module`` (no ``PeftModel`` around it): each target
+``nn.Linear`` / ``nn.Conv1d`` / ``nn.Conv2d`` is replaced by a `LoraLayer` holding it as ``base_layer``, so every
+adapted module computes ``W x + b + (alpha / r) · B A x`` (see `workbench.adaptation.lora.layer`).
+
+Targets are fnmatch patterns over module names (``"layers.*.attention.qkv"``) and/or names of the target groups a
+model declares (`workbench.model.ModelSpec.lora_target_groups`, e.g. ``{"qkv": ("blocks.*.attn.qkv",)}``).
+
+Files: `save_adapter` writes a folder in PEFT's layout — ``adapter_model.safetensors`` with PEFT's tensor names
+(``base_model.model.<module>.lora_A.weight``; parameters trained in full under their own names, as PEFT's
+``modules_to_save``) whose metadata holds the `LoraConfig`, and, when PEFT can express the adapter, an
+``adapter_config.json`` that ``peft.PeftModel.from_pretrained(model, folder)`` reads. `load_adapter` reads either.
+
+Example::
+
+    >>> model = lora.apply(model, targets=["qkv", "conv"], rank=8, alpha=8, dropout=0.5)   # doctest: +SKIP
+    >>> # ... train: only the adapters (and the `train` patterns) have requires_grad ...
+    >>> lora.save_adapter(model, "runs/eeg/adapter")                                        # doctest: +SKIP
+    >>> plain = lora.merge(model)         # the original classes again, W += (alpha / r) B A  # doctest: +SKIP
+
+Shapes:
+    whatever the model takes and returns; see `LoraLayer` for each adapted layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+from workbench.adaptation.lora.config import LoraConfig
+from workbench.adaptation.lora.io import LoadReport, load_into, read_adapter, write_adapter
+from workbench.adaptation.lora.layer import SUPPORTED, LoraLayer, RoutedLoraLayer
+
+from workbench.checkpoint import write_json
+from workbench.errors import UserError
+from workbench.model import spec_of
+
+log = logging.getLogger(__name__)
+
+#: File names of PEFT's adapter folder.
+ADAPTER_FILE = "adapter_model.safetensors"
+PEFT_CONFIG_FILE = "adapter_config.json"
+#: Prefix PEFT gives every tensor name in its files (its ``PeftModel.base_model.model``).
+PEFT_PREFIX = "base_model.model."
+
+
+def apply(
+    model: nn.Module,
+    targets: str | Sequence[str] | None = None,
+    rank: int = 8,
+    alpha: float = 8.0,
+    dropout: float = 0.0,
+    rank_pattern: Mapping[str, int] | None = None,
+    conv_rank: str = "peft",
+    train: str | Sequence[str] = (),
+    experts: int | None = None,
+    compute: str = "input",
+) -> nn.Module:
+    """Wrap ``model``'s target layers in `LoraLayer` s in place, freeze everything else and return the model.
+
+    Args:
+        model: any ``nn.Module``; its ``nn.Linear``, ``nn.Conv1d`` and ``nn.Conv2d`` layers can be targets.
+        targets: names of the model's declared target groups and/or fnmatch patterns over module names (a name that
+            is a group is the group); each must select at least one layer. None (default): every declared group.
+        rank: LoRA rank ``r`` (default 8).
+        alpha: updates are multiplied by ``alpha / r`` (default 8: scale 1).
+        dropout: dropout probability on each adapter's input (default 0).
+        rank_pattern: ``{fnmatch pattern over module names: rank}`` for per-target ranks (first match wins).
+        conv_rank: ``"peft"`` (default: convolutions take ``rank``) or ``"rule"``: the brainwave-LoRA rule
+            (`conv_rule_rank`: the largest power of 2 whose adapter is not larger than the weight).
+        train: fnmatch patterns over parameter names (as ``named_parameters`` gives them after `apply`, e.g.
+            ``"classifier.*"``, ``"*.bias"``) trained in full besides the adapters; each must match something.
+        experts: ``k`` token-routed experts per layer (H-LoRA, `RoutedLoraLayer`; nn.Linear targets only, rank a
+            multiple of ``k``, not mergeable); None (default) for plain LoRA.
+        compute: ``"input"`` (default, PEFT's: ``W x + b + scale · B A dropout(x)``) or ``"weight"``
+            (``(W + scale · B A) x + b``, loralib's conv LoRA: the same function without the adapter's activations,
+            with a weight-sized gradient; while dropout is active in training the input way is used). See
+            `workbench.adaptation.lora.layer`.
+
+    A model that already carries LoRA layers is refused (merge them first); parametrizations of the model are left
+    as they are. The `LoraConfig` is kept on the model for `save_adapter`.
+    """
+    config = LoraConfig(
+        targets=targets,
+        rank=rank,
+        alpha=alpha,
+        dropout=dropout,
+        rank_pattern=rank_pattern or {},
+        conv_rank=conv_rank,
+        train=train,
+        experts=experts,
+        compute=compute,
+    )
+    return apply_config(model, config)
+
+
+def apply_config(model: nn.Module, config: LoraConfig) -> nn.Module:
+    """`apply` with its arguments as a `LoraConfig` (what `load_adapter` rebuilds from a file)."""
+    existing = list(lora_layers(model))
+    if existing:
+        raise UserError(
+            f"this {type(model).__name__} already carries LoRA layers ({', '.join(existing[:3])}); merge them first "
+            "(lora.merge) before applying LoRA again"
+        )
+    chosen = _select_targets(model, config.targets)
+    layers = {}
+    for name, module in chosen:  # build every layer before changing the model
+        try:
+            rank = config.rank_of(name, module)
+            if config.experts is None:
+                layers[name] = LoraLayer(module, rank, config.alpha, config.dropout, config.compute)
+            else:
+                layers[name] = RoutedLoraLayer(module, rank, config.alpha, config.dropout, experts=config.experts)
+        except UserError as error:
+            raise UserError(f"LoRA target '{name}': {error}") from None
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.requires_grad_(False)
+    for name, layer in layers.items():
+        _replace(model, name, layer)
+    try:
+        _train_in_full(model, config.train)
+    except UserError:  # a refused apply leaves the model as it was
+        for name, layer in layers.items():
+            _replace(model, name, layer.base_layer)
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        raise
+    model._lora_config = config
+    return model
+
+
+def _select_targets(model: nn.Module, targets: tuple[str, ...] | None) -> list[tuple[str, nn.Module]]:
+    """(name, layer) of every target, in module order."""
+    spec = spec_of(model)
+    groups = dict(spec.lora_target_groups) if spec is not None else {}
+    candidates = [(name, m) for name, m in model.named_modules() if name and isinstance(m, SUPPORTED)]
+    layer_names = _some([name for name, _ in candidates])
+    if targets is None:
+        if not groups:
+            raise UserError(
+                f"{type(model).__name__} declares no LoRA target groups; name the layers to adapt with targets= "
+                f"(fnmatch patterns over module names; its linear/conv layers include {layer_names})"
+            )
+        targets = tuple(groups)
+    chosen: set[str] = set()
+    for entry in targets:
+        patterns = groups.get(entry, (entry,))
+        hits = [name for name, _ in candidates if any(fnmatchcase(name, pattern) for pattern in patterns)]
+        if not hits:
+            raise UserError(
+                f"LoRA target '{entry}' selects no nn.Linear, nn.Conv1d or nn.Conv2d layer of {type(model).__name__}; "
+                f"its target groups: {sorted(groups) or 'none'}; its layers include {layer_names}"
+            )
+        chosen.update(hits)
+    shared = _shared_names(model, chosen)
+    if shared:
+        raise UserError(
+            f"LoRA targets {shared} are one module reachable under several names (shared or tied layers); wrapping "
+            "it under one name would leave the others unadapted — leave it out of the targets"
+        )
+    return [(name, m) for name, m in candidates if name in chosen]
+
+
+def _shared_names(model: nn.Module, chosen: set[str]) -> list[str]:
+    names: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        names.setdefault(id(module), []).append(name)
+    return sorted(n for n in chosen if len(names[id(model.get_submodule(n))]) > 1)
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def _train_in_full(model: nn.Module, patterns: tuple[str, ...]) -> None:
+    adapter = {id(p) for p in adapter_parameters(model)}
+    names = [(name, p) for name, p in model.named_parameters() if id(p) not in adapter]
+    for pattern in patterns:
+        hits = [p for name, p in names if fnmatchcase(name, pattern)]
+        if not hits:
+            raise UserError(
+                f"train pattern '{pattern}' matches no parameter of {type(model).__name__}; parameter names after "
+                f"LoRA include {_some([n for n, _ in names])}"
+            )
+        for p in hits:
+            p.requires_grad_(True)
+
+
+def _some(names: list[str], n: int = 4) -> str:
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "") if names else "none"
+
+
+def lora_layers(model: nn.Module) -> dict[str, LoraLayer]:
+    """Every `LoraLayer` of ``model`` by module name, in module order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def adapter_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The adapters' parameters in module order: ``lora_A``, ``lora_B`` (and ``lora_route`` of routed layers)."""
+    return [p for layer in lora_layers(model).values() for p in layer.adapter_parameters()]
+
+
+def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What an adapter file holds, by parameter name: every adapter parameter and every parameter trained in full
+    (the ``train`` patterns of `apply`), in ``named_parameters`` order."""
+    config = getattr(model, "_lora_config", None)
+    if config is None or not lora_layers(model):
+        raise UserError(f"this {type(model).__name__} carries no LoRA adapter (call lora.apply first)")
+    adapter = {id(p) for p in adapter_parameters(model)}
+    return {
+        name: p
+        for name, p in model.named_parameters()
+        if id(p) in adapter or any(fnmatchcase(name, pattern) for pattern in config.train)
+    }
+
+
+def merge(model: nn.Module, unload: bool = True) -> nn.Module:
+    """Fold every LoRA update into its base weight, ``W ← W + (alpha / r) · B A``, and return the model.
+
+    Args:
+        model: a model `apply` adapted (a model without LoRA layers is returned unchanged).
+        unload: replace each `LoraLayer` by its base layer (default: a plain model of the original classes, PEFT's
+            ``merge_and_unload``); False keeps the layers, merged, for `unmerge` (PEFT's ``merge_adapter``).
+
+    Merged weights keep the base weights' ``requires_grad`` (False after `apply`). Nothing changes unless every
+    layer can be merged: routed (H-LoRA) layers and layers whose base weight carries a parametrization LoRA did
+    not create are refused with the reason.
+    """
+    layers = lora_layers(model)
+    problems = [f"{name}: {why}" for name, layer in layers.items() if (why := layer.merge_error()) and not layer.merged]
+    if problems:
+        raise UserError("cannot merge LoRA into this model: " + "; ".join(problems))
+    for name, layer in layers.items():
+        layer.merge()
+        if unload:
+            _replace(model, name, layer.base_layer)
+    if unload and hasattr(model, "_lora_config"):
+        del model._lora_config
+    return model
+
+
+def unmerge(model: nn.Module) -> nn.Module:
+    """Undo `merge` ``(unload=False)``: ``W ← W − (alpha / r) · B A`` (the base weights again, up to rounding)."""
+    for layer in lora_layers(model).values():
+        layer.unmerge()
+    return model
+
+
+def set_adapter_weights(model: nn.Module, weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> nn.Module:
+    """Write given factors into the adapters: ``{module name: (A, B)}`` (weights generated elsewhere, PhysioPFM).
+
+    ``A`` and ``B`` must have the shapes of ``lora_A.weight`` and ``lora_B.weight`` of that layer: ``(r, in)`` and
+    ``(out, r)`` for a linear layer, ``(r, in, *kernel)`` and ``(out, r, 1, ...)`` for a convolution; they are
+    converted to the adapter's dtype and device. Nothing is written unless every name and shape fits. Returns the
+    model.
+    """
+    layers = lora_layers(model)
+    unknown = sorted(set(weights) - set(layers))
+    if unknown:
+        raise UserError(
+            f"set_adapter_weights: {unknown} are not LoRA layers of this model; its LoRA layers: {_some(list(layers))}"
+        )
+    for name, (a, b) in weights.items():
+        layer = layers[name]
+        if layer.merged:
+            raise UserError(f"set_adapter_weights: LoRA layer '{name}' is merged; unmerge(model) first")
+        for what, value, param in (("A", a, layer.lora_A.weight), ("B", b, layer.lora_B.weight)):
+            if tuple(value.shape) != tuple(param.shape):
+                expected, found = tuple(param.shape), tuple(value.shape)
+                raise UserError(f"set_adapter_weights: '{name}': {what} has shape {found}, expected {expected}")
+    with torch.no_grad():
+        for name, (a, b) in weights.items():
+            layers[name].lora_A.weight.copy_(a)
+            layers[name].lora_B.weight.copy_(b)
+    return model
+
+
+def save_adapter(model: nn.Module, path: str | Path) -> Path:
+    """Write the adapter (`adapter_state`) in PEFT's layout; returns the safetensors file written.
+
+    ``path`` is a folder (created): ``adapter_model.safetensors`` (PEFT's tensor names, the `LoraConfig` in its
+    metadata) and, when PEFT can express this adapter, ``adapter_config.json`` for
+    ``peft.PeftModel.from_pretrained``; a stale one is removed otherwise (the reason is logged). A path ending in
+    ``.safetensors`` writes that one file alone.
+    """
+    config = getattr(model, "_lora_config", None)
+    state = adapter_state(model)
+    path = Path(path)
+    file = path if path.suffix == ".safetensors" else path / ADAPTER_FILE
+    write_adapter(file, {PEFT_PREFIX + name: p for name, p in state.items()}, "lora", config.to_dict())
+    if file is not path:
+        peft_config, why_not = peft_config_of(model)
+        if peft_config is not None:
+            write_json(path / PEFT_CONFIG_FILE, peft_config)
+        else:
+            (path / PEFT_CONFIG_FILE).unlink(missing_ok=True)
+            log.info("%s: no %s written: PEFT cannot load this adapter (%s)", path, PEFT_CONFIG_FILE, why_not)
+    return file
+
+
+def load_adapter(model: nn.Module, path: str | Path, strict: bool = False) -> LoadReport:
+    """Load an adapter into ``model`` in place; returns (and logs) what matched, was missing or unexpected.
+
+    Args:
+        model: a base model — LoRA is applied to it with the file's `LoraConfig` first — or a model already
+            carrying LoRA layers (e.g. applied by hand to match an adapter PEFT wrote), which are loaded as they are.
+        path: a folder `save_adapter` (or PEFT's ``save_pretrained``) wrote, or the safetensors file itself.
+        strict: refuse missing and unexpected tensors too (default: report them; missing ones keep their values).
+
+    A file none of whose tensors is one of the model's adapter tensors is refused, as is a tensor of another shape.
+    Tensor names may carry PEFT's ``base_model.model.`` prefix or not.
+    """
+    path = Path(path)
+    file = path / ADAPTER_FILE if path.is_dir() else path
+    tensors, config = read_adapter(file, "lora")
+    if not lora_layers(model):
+        if config is None:
+            raise UserError(
+                f"{file}: holds no workbench LoRA configuration (written by PEFT?); apply LoRA with its targets and "
+                "ranks first (lora.apply(model, targets=..., rank=...)), then load_adapter loads its tensors"
+            )
+        apply_config(model, LoraConfig.from_dict(config, file))
+    elif getattr(model, "_lora_config", None) is None:
+        raise UserError(
+            f"this {type(model).__name__} carries LoRA layers that lora.apply did not make; load into a base model"
+        )
+    state = {name.removeprefix(PEFT_PREFIX): value for name, value in tensors.items()}
+    return load_into(adapter_state(model), state, file, strict=strict)
+
+
+def peft_config_of(model: nn.Module) -> tuple[dict | None, str]:
+    """(PEFT ``LoraConfig`` fields of this adapter, "") — or (None, why PEFT cannot express it).
+
+    Targets go into ``target_modules`` as one regular expression of the exact names and per-target ranks into
+    ``rank_pattern`` (anchored names), so PEFT rebuilds exactly these layers; parameters trained in full must form
+    whole modules (PEFT's ``modules_to_save``). PEFT's convolution LoRA has no dilation or padding mode and PEFT has
+    no routed experts: such adapters are the workbench's alone.
+    """
+    config: LoraConfig = model._lora_config
+    layers = lora_layers(model)
+    if config.experts is not None:
+        return None, "routed experts (H-LoRA) are not a PEFT LoRA"
+    for name, layer in layers.items():
+        base = layer.base_layer
+        if isinstance(base, (nn.Conv1d, nn.Conv2d)) and (set(base.dilation) != {1} or base.padding_mode != "zeros"):
+            return None, f"'{name}' is a convolution with dilation or a padding mode, which PEFT's LoRA leaves out"
+    modules_to_save, why_not = _whole_modules(model)
+    if why_not:
+        return None, why_not
+    return {
+        "peft_type": "LORA",
+        "task_type": None,
+        "base_model_name_or_path": None,
+        "inference_mode": True,
+        "r": config.rank,
+        "lora_alpha": config.alpha,
+        "lora_dropout": config.dropout,
+        "target_modules": "^(?:" + "|".join(re.escape(name) for name in layers) + ")$",
+        "rank_pattern": {"^" + re.escape(n): layer.rank for n, layer in layers.items() if layer.rank != config.rank},
+        "alpha_pattern": {},
+        "modules_to_save": modules_to_save or None,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "use_dora": False,
+    }, ""
+
+
+def _whole_modules(model: nn.Module) -> tuple[list[str], str]:
+    """The parameters trained in full as PEFT's ``modules_to_save`` (maximal whole modules), or why they are not."""
+    adapter = {id(p) for p in adapter_parameters(model)}
+    full = {id(p) for p in adapter_state(model).values()} - adapter
+    layers = list(lora_layers(model))
+    chosen: list[str] = []
+    covered: set[int] = set()
+    for name, module in model.named_modules():
+        inside = [c for c in chosen + layers if name == c or name.startswith(c + ".")]
+        if not name or inside or lora_layers(module):
+            continue
+        params = {id(p) for p in module.parameters()}
+        if params and params <= full:
+            chosen.append(name)
+            covered |= params
+    if full - covered:
+        return [], "parameters trained in full that are not whole modules (e.g. single biases)"
+    names = [n for n, _ in model.named_modules()]
+    for name in chosen:  # PEFT matches modules_to_save as name suffixes
+        if [n for n in names if n.endswith(name) or (PEFT_PREFIX + n).endswith(name)] != [name]:
+            return [], f"module '{name}' trained in full is also a suffix of other module names"
+    return chosen, ""
