@@ -126,10 +126,10 @@ class Distill(Method):
         self.teacher: nn.Module | None = None
         self._base: nn.Module | None = None
 
-    def check(self, task, data) -> None:
+    def check(self, task, data, model) -> None:
         """The ECG family, and a ``--teacher`` that is a finished run (checked at the start of a run only: a
         finished student reloads without its teacher)."""
-        super().check(task, data)
+        super().check(task, data, model)
         teacher = self.config["teacher"]
         if teacher and not (Path(teacher) / "adapter.json").is_file():
             raise UserError(f"--teacher {teacher}: not a finished run directory (no adapter.json in it)")

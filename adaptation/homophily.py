@@ -128,14 +128,9 @@ def graph_batch(batch: Any, method: str):
 
 
 class EncoderMethod(Method):
-    """Base of the graph methods: train every parameter of a `GraphNet` with the encoder ``encoder``.
+    """Base of the graph methods: train every parameter of a `GraphNet` (any encoder: ``--model gnn``, ``gcn`` or
+    ``graph-mlp``, or ``METHOD@MODEL`` as a baseline)."""
 
-    ``prepare`` swaps the model's encoder in place for a fresh one of that kind when it has another (the
-    task's base model is a mixed-filter net; the ``gcn`` and ``mlp`` baselines need their own), so the
-    same base serves every method and `workbench.Run.load` rebuilds any of them.
-    """
-
-    encoder: str = "mixed"
     learning_rate = 1e-2
     model_families = ("gnn",)
 
@@ -144,7 +139,7 @@ class EncoderMethod(Method):
         self.seed, self.epoch, self.epochs = 0, 0, 1
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        return graph_net(model, self.name).set_encoder(self.encoder).requires_grad_(True)
+        return graph_net(model, self.name).requires_grad_(True)
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         graph_batch(data.train[0], self.name)

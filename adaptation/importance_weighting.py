@@ -40,7 +40,7 @@ class ImportanceWeighting(WeightedSourceLoss):
     """Base class: source losses weighted by an estimated density ratio p_target(x) / p_source(x)."""
 
     options = (Option("clip", float, 10.0, "largest weight, in units of the mean weight"),)
-    needs_target = True
+    needs_task = ("target_pool", "sample_inputs", "sample_losses", "sample_ids")
 
     def make_estimator(self, seed: int) -> Any:
         """A density-ratio estimator with ``fit(x_numerator, x_denominator)`` and ``ratio(x)``."""

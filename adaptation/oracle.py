@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 class OracleClassWeights(WeightedSourceLoss):
     name = "oracle"
     description = "Oracle weights (reference only): 1 on the source classes the target holds, 0 on the others"
+    needs_task = ("sample_losses", "sample_ids", "class_labels")
 
-    def check(self, task: "Task", data: "TaskData") -> None:
-        super().check(task, data)
+    def check(self, task: "Task", data: "TaskData", model: nn.Module) -> None:
+        super().check(task, data, model)
         if "target_classes" not in data.summary:
             raise UserError(
                 f"method '{self.name}' needs the target's class set, which task '{task.name}' does not know"

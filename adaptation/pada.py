@@ -39,7 +39,7 @@ def target_class_weights(task: "Task", model: nn.Module, target_samples, device:
 class PADAWeights(WeightedSourceLoss):
     name = "pada"
     description = "PADA/BA3US class weights: source classes weighted by the target's mean predicted probability"
-    needs_target = True
+    needs_task = ("target_pool", "embed", "class_labels", "sample_losses", "sample_ids")
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         super().setup(task, model, data, seed)

@@ -1,25 +1,24 @@
-"""Readout-only fine-tuning: the model's output heads train, the representation stays frozen."""
+"""Head-only fine-tuning: the model's declared output head trains (MACE's readouts, a classifier), the
+representation stays frozen."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from workbench.errors import UserError
 from workbench.method import Method
+from workbench.model import require
 from workbench.registry import methods
 
 
 @methods.register
 class ReadoutFineTuning(Method):
     name = "readout"
-    description = "Readout only: train the output heads (model.readouts), freeze the rest"
-    model_families = ("mace",)
+    description = "Readout / head only: train the model's declared output head, freeze the rest"
+    needs_model = ("head",)
     learning_rate = 2e-2  # better than 5e-3 on rmd17 validation (50 frames)
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        readouts = getattr(model, "readouts", None)
-        if not isinstance(readouts, nn.Module):
-            raise UserError(f"{type(model).__name__} has no 'readouts' module: readout fine-tuning does not fit it")
+        head = model.get_submodule(require(model, self.name, *self.needs_model).head)
         model.requires_grad_(False)
-        readouts.requires_grad_(True)
+        head.requires_grad_(True)
         return model

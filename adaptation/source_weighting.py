@@ -29,6 +29,7 @@ class WeightedSourceLoss(Method):
 
     #: Weight validation losses too (importance-weighted validation); otherwise validation is unweighted.
     weighted_validation = True
+    needs_task = ("sample_losses", "sample_ids")
 
     def prepare(self, model: nn.Module) -> nn.Module:
         return model.requires_grad_(True)

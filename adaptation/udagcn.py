@@ -12,7 +12,8 @@ mean prediction entropy H ramped in with p. Defaults: domain_weight 1, entropy_w
 
 What is left out: UDAGCN's second, global encoder (a GCN over the positive pointwise mutual information
 matrix of random walks) and the attention that mixes it with the local one — here the encoder is the
-local 2-layer GCN alone, so this is "DANN on a GCN", the adversarial part of UDAGCN.
+local 2-layer GCN alone (the csbm task runs it as ``udagcn@gcn``), so this is "DANN on a GCN", the adversarial part
+of UDAGCN. It trains any `GraphNet` encoder the same way.
 
 The domain classifier (hidden → hidden → 1, ReLU) is attached to the model by ``prepare`` as
 ``model.domain_classifier``, saved with the adapter, and removed by ``merge`` (prediction never uses it).
@@ -79,8 +80,7 @@ def mean_entropy(logits: torch.Tensor) -> torch.Tensor:
 @methods.register
 class UDAGCN(EncoderMethod):
     name = "udagcn"
-    description = "UDAGCN-style adversarial alignment: GCN + gradient-reversal domain classifier + target entropy"
-    encoder = "gcn"
+    description = "UDAGCN-style adversarial alignment: gradient-reversal domain classifier + target entropy (on a GCN)"
     options = (
         Option("domain_weight", float, 1.0, "weight of the adversarial domain-classification loss"),
         Option("entropy_weight", float, 0.1, "weight of the target entropy term (ramped in with progress)"),

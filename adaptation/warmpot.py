@@ -435,7 +435,7 @@ class Warmpot(Method):
 
     name = "warmpot"
     description = "WARMPOT: partial-OT source weights + partial-Wasserstein feature alignment (partial DA)"
-    needs_target = True
+    needs_task = ("target_pool", "embed", "class_labels", "sample_losses")
     options = (
         Option("mass", float, 0.4, "transported mass α, below the share of source samples of shared classes"),
         Option("mass_start", float, 0.01, "mass at the first epoch (annealed up to --mass)"),

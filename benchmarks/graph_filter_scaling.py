@@ -28,6 +28,8 @@ from workbench.domains.graphs.task import CSBMTask
 from workbench.registry import methods
 
 METHODS = ("homophily", "mixed-filters", "gcn", "udagcn", "mlp")
+#: The run entry (METHOD@MODEL) behind each column.
+ENTRIES = {"gcn": "full@gcn", "udagcn": "udagcn@gcn", "mlp": "full@graph-mlp"}
 
 
 def peak_memory_mb() -> float:
@@ -36,9 +38,10 @@ def peak_memory_mb() -> float:
 
 def time_method(task: CSBMTask, base: torch.nn.Module, batch, name: str, steps: int) -> float:
     """Median seconds of one optimiser step of ``name``'s training loss (after one warm-up step)."""
-    method = methods.get(name)()
+    method_name, _, model_name = ENTRIES.get(name, name).partition("@")
+    method = methods.get(method_name)()
     torch.manual_seed(0)
-    model = method.prepare(copy.deepcopy(base))
+    model = method.prepare(copy.deepcopy(base) if not model_name else task.load_model(model_name))
     method.start_epoch(0, steps + 1)
     model.train()
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)

@@ -14,8 +14,7 @@ graph and cached): cost and memory grow with the number of edges, never with n²
 
 Baselines share the wrapper: a 2-layer GCN (Kipf & Welling, ICLR 2017; PyG's ``GCNConv``) and an MLP
 that ignores the edges, each with the same hidden width and linear head. `GraphNet` holds one encoder
-and the head; `GraphNet.set_encoder` swaps the encoder in place (what the ``gcn`` / ``mlp`` methods do
-with the task's mixed-filter base model).
+and the head; each encoder is a registered model (``gnn``, ``gcn``, ``graph-mlp``) a graph task can adapt.
 
 Shapes:
     x (n_nodes, in_features) float, edge_index (2, n_edges) int64 (both directions of each edge)
@@ -34,7 +33,7 @@ from torch import nn
 
 from workbench.checkpoint import load_model, save_model
 from workbench.errors import UserError
-from workbench.model import ModelFamily
+from workbench.model import ModelFamily, ModelSpec
 from workbench.registry import models
 
 ENCODERS = ("mixed", "gcn", "mlp")
@@ -167,6 +166,9 @@ class GraphNet(nn.Module):
         dropout: dropout probability on the input of every encoder layer while training (0).
     """
 
+    #: What the model declares to the methods (`workbench.model.ModelSpec`).
+    workbench_spec = ModelSpec(family="gnn", head="head", embedding="embed")
+
     def __init__(
         self,
         in_features: int,
@@ -193,18 +195,6 @@ class GraphNet(nn.Module):
     @property
     def kind(self) -> str:
         return self.architecture["encoder"]
-
-    def set_encoder(self, kind: str) -> "GraphNet":
-        """Replace the encoder, in place, by a fresh one of ``kind`` with the same sizes (no-op if it already is)."""
-        if kind != self.kind:
-            arch = self.architecture
-            device = self.head.weight.device
-            dtype = self.head.weight.dtype
-            self.encoder = build_encoder(
-                kind, arch["in_features"], arch["hidden_channels"], arch["layers"], arch.get("dropout", 0.0)
-            ).to(device, dtype)
-            self.architecture = {**arch, "encoder": kind}
-        return self
 
     def embed(self, graph: GraphInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(z (n, hidden), branch embeddings [(n, hidden)]) of every node of ``graph``."""
@@ -235,12 +225,46 @@ def load_graph_net(path: str | Path) -> GraphNet:
     )
 
 
-@models.register
 class GraphFamily(ModelFamily):
-    name = "gnn"
-    description = "Node classifiers: HGDA mixed low/high/full-pass filters, GCN, MLP (+ linear head)"
+    """`GraphNet` node classifiers with one kind of encoder: a saved checkpoint, or (no ``source``) a fresh net of
+    ``in_features``, ``n_classes`` (and ``hidden_channels``, ``layers``, ``dropout``)."""
 
-    def load(self, source: str | Path | None = None, *, trust_checkpoint: bool = False, dtype=torch.float32):
+    encoder: str = "mixed"
+
+    def load(self, source: str | Path | None = None, *, trust_checkpoint: bool = False, **sizes) -> GraphNet:
         if source is None:
-            raise UserError("the gnn family ships no pretrained checkpoint; the csbm task builds one from the data")
-        return load_graph_net(source).to(dtype)
+            if not {"in_features", "n_classes"} <= set(sizes):
+                raise UserError(f"the {self.name} model ships no pretrained checkpoint; build one for a graph's sizes")
+            return GraphNet(**sizes, encoder=self.encoder)
+        model = load_graph_net(source)
+        expected = (sizes.get("in_features"), sizes.get("n_classes"))
+        found = (model.architecture["in_features"], model.architecture["n_classes"])
+        if None not in expected and found != expected:
+            raise UserError(
+                f"{source}: the model maps {found[0]} features to {found[1]} classes; the data needs "
+                f"{expected[0]} -> {expected[1]}"
+            )
+        return model
+
+    def files(self, source=None) -> list[Path]:
+        return [] if source is None else [Path(source), Path(source).with_suffix(".json")]
+
+
+@models.register
+class MixedFilterGraphFamily(GraphFamily):
+    name = "gnn"
+    description = "Node classifier with HGDA's mixed low/high/full-pass filter encoder (+ linear head)"
+
+
+@models.register
+class GCNFamily(GraphFamily):
+    name = "gcn"
+    description = "Node classifier with a 2-layer GCN encoder (PyG GCNConv, Kipf & Welling 2017) + linear head"
+    encoder = "gcn"
+
+
+@models.register
+class GraphMLPFamily(GraphFamily):
+    name = "graph-mlp"
+    description = "Node classifier with a 2-layer MLP encoder that ignores the edges (+ linear head)"
+    encoder = "mlp"

@@ -28,7 +28,7 @@ from torch import nn
 
 from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
 from workbench.errors import UserError
-from workbench.model import ModelFamily
+from workbench.model import ModelFamily, ModelSpec
 from workbench.registry import models
 
 SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "mace_xtb_small.safetensors"
@@ -47,6 +47,9 @@ FOUNDATION_ARCHITECTURE: dict[str, Any] = {
     "interaction": "RealAgnosticResidualInteractionBlock",
     "atomic_numbers": [1, 6, 7, 8],
 }
+
+#: What a MACE model declares to the methods: its per-element readouts are the head.
+SPEC = ModelSpec(family="mace", head="readouts")
 
 #: Keys `build_mace` needs beyond the architecture (they come from the pretraining data).
 DATA_STATISTICS = ("atomic_energies", "avg_num_neighbors", "atomic_inter_scale", "atomic_inter_shift")
@@ -75,7 +78,7 @@ def build_mace(hparams: Mapping[str, Any]) -> modules.ScaleShiftMACE:
         raise UserError(f"MACE hyper-parameters lack {missing}")
     interaction = modules.interaction_classes[hparams["interaction"]]
     with default_dtype(torch.float64):
-        return modules.ScaleShiftMACE(
+        model = modules.ScaleShiftMACE(
             r_max=hparams["r_max"],
             num_bessel=hparams["num_bessel"],
             num_polynomial_cutoff=hparams["num_polynomial_cutoff"],
@@ -95,6 +98,13 @@ def build_mace(hparams: Mapping[str, Any]) -> modules.ScaleShiftMACE:
             atomic_inter_scale=hparams["atomic_inter_scale"],
             atomic_inter_shift=hparams["atomic_inter_shift"],
         )
+    return declare(model)
+
+
+def declare(model: nn.Module) -> nn.Module:
+    """Give a mace-torch model (a class the workbench does not own) its `ModelSpec`; returns it."""
+    model.workbench_spec = SPEC
+    return model
 
 
 def save_mace(
@@ -133,6 +143,7 @@ def load_mace(
             raise UserError(f"{path}: cannot be loaded as a MACE model ({error})") from None
         if not isinstance(model, nn.Module) or not hasattr(model, "atomic_numbers"):
             raise UserError(f"{path}: holds a {type(model).__name__}, not a MACE model")
+        declare(model)
     else:
         raise UserError(
             f"{path}: unknown model format '{path.suffix}'; expected .safetensors (+ .json) or a MACE .model"
@@ -193,5 +204,9 @@ class Mace(ModelFamily):
     description = "MACE equivariant interatomic potential (mace-torch); shipped: small GFN2-xTB foundation model"
     card = "mace-xtb-small"
 
-    def load(self, source=None, *, trust_checkpoint=False, dtype=torch.float64) -> nn.Module:
-        return load_mace(source, trust_checkpoint=trust_checkpoint, dtype=dtype)
+    def load(self, source=None, *, trust_checkpoint=False, **sizes) -> nn.Module:
+        return load_mace(source, trust_checkpoint=trust_checkpoint)
+
+    def files(self, source=None) -> list[Path]:
+        path = Path(source) if source is not None else SHIPPED_CHECKPOINT
+        return [path, path.with_suffix(".json")] if path.suffix == ".safetensors" else [path]

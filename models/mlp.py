@@ -21,7 +21,7 @@ from torch import nn
 
 from workbench.checkpoint import load_model, save_model
 from workbench.errors import UserError
-from workbench.model import ModelFamily
+from workbench.model import ModelFamily, ModelSpec
 from workbench.registry import models
 
 
@@ -33,6 +33,9 @@ class FeatureNet(nn.Module):
         n_outputs: classes (logits) or regression targets.
         hidden: widths of the hidden layers; () makes a linear model.
     """
+
+    #: What the model declares to the methods (`workbench.model.ModelSpec`).
+    workbench_spec = ModelSpec(family="mlp", head="head", embedding="features")
 
     def __init__(self, in_features: int, n_outputs: int, hidden: Sequence[int] = (64, 64)):
         super().__init__()
@@ -78,10 +81,27 @@ def load_feature_net(path: str | Path) -> FeatureNet:
 
 @models.register
 class MLPFamily(ModelFamily):
+    """`FeatureNet`: a saved checkpoint, or (no ``source``) a fresh net of ``in_features``, ``n_outputs`` and
+    ``hidden``.
+    """
+
     name = "mlp"
     description = "Multilayer perceptron over feature vectors (linear model with no hidden layer)"
 
-    def load(self, source: str | Path | None = None, *, trust_checkpoint: bool = False, dtype=torch.float32):
+    def load(self, source: str | Path | None = None, *, trust_checkpoint: bool = False, **sizes) -> FeatureNet:
         if source is None:
-            raise UserError("the mlp family ships no pretrained checkpoint; its tasks train one on the source data")
-        return load_feature_net(source).to(dtype)
+            if not {"in_features", "n_outputs"} <= set(sizes):
+                raise UserError("the mlp family ships no pretrained checkpoint; build one for a task's data")
+            return FeatureNet(sizes["in_features"], sizes["n_outputs"], sizes.get("hidden", (64, 64)))
+        model = load_feature_net(source)
+        expected = (sizes.get("in_features"), sizes.get("n_outputs"))
+        found = (model.architecture["in_features"], model.architecture["n_outputs"])
+        if None not in expected and found != expected:
+            raise UserError(
+                f"{source}: the model maps {found[0]} features to {found[1]} outputs; the data needs "
+                f"{expected[0]} -> {expected[1]}"
+            )
+        return model
+
+    def files(self, source=None) -> list[Path]:
+        return [] if source is None else [Path(source), Path(source).with_suffix(".json")]

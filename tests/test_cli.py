@@ -27,7 +27,8 @@ def workbench(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def test_help_and_list():
-    assert "examples:" in workbench("adapt", "--help").stdout
+    help_text = workbench("adapt", "--help").stdout
+    assert "examples (every task" in help_text and "workbench adapt --domain rmd17" in help_text  # a task's own
     listing = workbench("list").stdout
     for name in ("rmd17", "mace", "elora", "full", "readout", "mace-lora", "card: rmd17-embedded"):
         assert name in listing
@@ -180,6 +181,12 @@ def _corrupt_checkpoint(tmp_path: Path) -> list[str]:
     return ["--model", str(bad)]
 
 
+def _unopened_pickle(tmp_path: Path) -> list[str]:
+    """A MACE ``.model`` file (never opened without --trust-checkpoint, so its bytes do not matter)."""
+    (tmp_path / "x.model").write_bytes(b"a pickle")
+    return ["--model", str(tmp_path / "x.model")]
+
+
 BAD_INPUTS = {
     "npz without forces": (lambda p: ["--data", str(_bad_npz(p, forces=None))], "rmd17_ethanol.npz: field 'forces'"),
     "NaN energies": (
@@ -195,7 +202,7 @@ BAD_INPUTS = {
         "field 'atomic numbers': the model knows elements [1, 6, 7, 8], found [16]",
     ),
     "corrupt checkpoint": (_corrupt_checkpoint, "corrupt.safetensors: not a readable safetensors file"),
-    "pickle without trust": (lambda p: ["--model", str(p / "x.model")], "--trust-checkpoint"),
+    "pickle without trust": (_unopened_pickle, "--trust-checkpoint"),
 }
 
 
@@ -214,7 +221,10 @@ def test_unknown_names_and_options():
     for args, message in (
         (["--domain", "nope"], "unknown task 'nope'"),
         (["--domain", "rmd17", "--method", "nope"], "unknown method 'nope'"),
-        (["--domain", "rmd17", "--method", "full", "--rank", "4"], "--rank is not an option of method 'full'"),
+        (
+            ["--domain", "rmd17", "--method", "full", "--rank", "4"],
+            "--rank is not an option of task 'rmd17' or method 'full'",
+        ),
     ):
         result = workbench("adapt", *args, check=False)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
@@ -223,8 +233,18 @@ def test_unknown_names_and_options():
 @pytest.mark.parametrize(
     "domain, method, message",
     [
-        ("rmd17", "htuning", "method 'htuning' adapts ecg models; task 'rmd17' uses the mace model family"),
-        ("ptbxl", "warmpot", "method 'warmpot' needs unlabelled target samples; task 'ptbxl' has none"),
+        (
+            "rmd17",
+            "htuning",
+            "method 'htuning' needs LoRA target groups; the mace model (ScaleShiftMACE) declares none",
+        ),
+        (
+            "rmd17",
+            "homophily",
+            "method 'homophily' adapts gnn models; this model (ScaleShiftMACE) is of the mace family",
+        ),
+        ("ptbxl", "warmpot", "method 'warmpot' needs a task that offers target_pool, embed, class_labels"),
+        ("csbm", "pada", "method 'pada' needs a task that offers embed, class_labels, sample_losses, sample_ids"),
     ],
 )
 def test_a_method_that_does_not_fit_the_task_is_refused_before_the_run_directory(domain, method, message, tmp_path):
@@ -232,3 +252,15 @@ def test_a_method_that_does_not_fit_the_task_is_refused_before_the_run_directory
     result = workbench("adapt", "--domain", domain, "--method", method, "--out", str(out), check=False)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_data_generate_takes_the_task_s_own_options(tmp_path):
+    """Generator options are declared by each task: features writes its layout; a flag of another task's
+    generator is refused, naming what was asked."""
+    out = tmp_path / "problem"
+    result = workbench("data", "generate", "features", "--out", str(out), "--problem", "covariate-shift", "--seed", "3")
+    assert (out / "source.npz").is_file() and (out / "target.npz").is_file() and "--data" in result.stdout
+    refused = workbench("data", "generate", "features", "--out", str(tmp_path / "x"), "--frames", "3", check=False)
+    assert refused.returncode == 2
+    assert "--frames is not an option of task 'features' or the data generator of task 'features'" in refused.stderr
+    assert not (tmp_path / "x").exists()

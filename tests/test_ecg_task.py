@@ -9,10 +9,10 @@ import shutil
 import pandas as pd
 import pytest
 from workbench.domains.ecg.readers import EMBEDDED_PTBXL
-from workbench.domains.ecg.task import choose_thresholds
 
 import workbench
 from workbench.cli import main
+from workbench.metrics import choose_thresholds
 
 RECORDS = EMBEDDED_PTBXL / "records100" / "00000"
 

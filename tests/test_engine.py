@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from workbench.checkpoint import load_tensors, save_tensors, write_text
-from workbench.config import RunConfig, resolve_config
+from workbench.config import RunConfig, RunRequest, resolve_config
 from workbench.datacard import DataCard, check_fields, load_card
 from workbench.errors import UserError
 from workbench.registry import Registry, methods, models, tasks
@@ -38,7 +38,8 @@ def test_registry_rejects_duplicates_and_names_the_known():
 
 
 def test_resolve_config_fills_defaults_and_warns():
-    config, warnings = resolve_config("rmd17", baselines=["full", "elora"], train_size=30, device="cpu", out="runs/x")
+    request = RunRequest("rmd17", baselines=("full", "elora"), train_size=30, device="cpu", out="runs/x")
+    config, warnings = resolve_config(request)
     assert config.method == "elora" and config.baselines == ("full",)
     assert config.val_size == 10 and config.epochs == 40 and config.patience == 15
     assert config.task_options["molecule"] == "ethanol" and config.method_options == {"rank": 16, "alpha": 16.0}
@@ -53,12 +54,22 @@ def test_resolve_config_fills_defaults_and_warns():
         ({"train_size": 4, "batch_size": 5}, "--batch-size 5 is larger than --train-size 4"),
         ({"method_options": {"rank": 4}, "method": "full"}, "method 'full' has no option"),
         ({"task_options": {"molecule": 3, "colour": 1}}, "task 'rmd17' has no option"),
-        ({"model": "x.model"}, "--trust-checkpoint"),
+        ({"baselines": ("full@no-such-model",)}, "unknown model 'no-such-model'"),
+        ({"method": "full@gcn"}, "choose the model with --model"),
     ],
 )
 def test_resolve_config_refuses(kwargs, message):
     with pytest.raises(UserError, match=message):
-        resolve_config("rmd17", device="cpu", **kwargs)
+        resolve_config(RunRequest("rmd17", device="cpu", **kwargs))
+
+
+def test_a_pickled_checkpoint_needs_trust(tmp_path):
+    from workbench.domains.atomistic.task import Rmd17
+
+    path = tmp_path / "x.model"
+    path.write_bytes(b"not looked at")
+    with pytest.raises(UserError, match="--trust-checkpoint"):
+        Rmd17().load_model(str(path))
 
 
 def test_card_fields_are_checked():

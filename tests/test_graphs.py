@@ -111,13 +111,19 @@ def test_gcn_baseline_uses_the_same_normalised_adjacency():
     np.testing.assert_allclose(model.embed(graph)[0].detach().numpy(), expected, atol=1e-10)
 
 
-def test_set_encoder_swaps_in_place_and_keeps_sizes():
-    model = GraphNet(6, 3, hidden_channels=8)
-    head = model.head.weight.clone()
-    assert model.set_encoder("mlp") is model and model.kind == "mlp"
-    assert torch.equal(model.head.weight, head) and model.architecture["encoder"] == "mlp"
+def test_each_encoder_is_a_registered_model_of_the_graph_sizes(tmp_path):
+    from workbench.models.graph import save_graph_net
+
+    from workbench.registry import models
+
     graph, _ = small_pair()
-    assert model(graph).shape == (300, 3)
+    for name, kind in (("gnn", "mixed"), ("gcn", "gcn"), ("graph-mlp", "mlp")):
+        model = models.get(name)().load(None, in_features=graph.x.shape[1], n_classes=3, hidden_channels=8)
+        assert model.kind == kind and model(graph).shape == (300, 3)
+        assert model.workbench_spec.family == "gnn" and model.workbench_spec.head == "head"
+    save_graph_net(model, tmp_path / "m.safetensors")
+    with pytest.raises(UserError, match="maps 6 features to 3 classes; the data needs 6 -> 4"):
+        models.get("gnn")().load(tmp_path / "m.safetensors", in_features=6, n_classes=4)
 
 
 # -- alignment and pseudo-labels -----------------------------------------------------------------
@@ -264,7 +270,7 @@ def test_cli_adapt_csbm_writes_the_comparison(tmp_path):
     assert "homophily (chosen)" in result.stdout and "udagcn" in result.stdout
     assert "edge homophily source 0.800 → target 0.500" in result.stderr
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics["baselines"]) == {"mixed-filters", "gcn", "mlp", "udagcn"}
+    assert set(metrics["baselines"]) == {"mixed-filters", "full@gcn", "full@graph-mlp", "udagcn@gcn"}
     for block in (metrics["after"], *metrics["baselines"].values()):
         assert 0 <= block["accuracy"] <= 1 and 0 <= block["predicted_target_homophily"] <= 1
     assert {"mix_low", "mix_high", "mix_full", "final_alignment_loss"} <= set(metrics["after"])
@@ -282,10 +288,11 @@ def test_adapt_on_citation_layout_and_reload_each_architecture(tmp_path):
     folder.mkdir()
     write_citation_mat(folder / "acmv9.mat", n=40, seed=0)
     write_citation_mat(folder / "dblpv7.mat", n=30, seed=1)
-    for method in ("mlp", "udagcn"):
+    for method, model in (("full", "graph-mlp"), ("udagcn", "gcn")):
         run = wb.adapt(
             domain="csbm",
             method=method,
+            model=model,
             baselines=[],
             data=str(folder),
             source_graph="acmv9",
@@ -294,7 +301,7 @@ def test_adapt_on_citation_layout_and_reload_each_architecture(tmp_path):
             out=str(tmp_path / method),
             quiet=True,
         )
-        assert run.model.kind == {"mlp": "mlp", "udagcn": "gcn"}[method]
+        assert run.model.kind == {"graph-mlp": "mlp", "gcn": "gcn"}[model]
         assert not hasattr(run.model, "domain_classifier")  # merged away
         assert "acmv9 → dblpv7" in run.metrics["data"]
     with pytest.raises(UserError, match="--source-graph and --target-graph"):

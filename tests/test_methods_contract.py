@@ -102,8 +102,6 @@ CASES = {
     "dre-logistic": ({}, mlp_case),
     "homophily": ({}, graph_case("mixed")),
     "mixed-filters": ({}, graph_case("mixed")),
-    "gcn": ({}, graph_case("gcn")),
-    "mlp": ({}, graph_case("mlp")),
     "udagcn": ({}, graph_case("gcn")),
     "lora": ({"rank": 2, "alpha": 2.0}, ecg_case),
     "htuning": ({"rank": 2, "alpha": 2.0}, ecg_case),

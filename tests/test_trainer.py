@@ -91,3 +91,31 @@ def test_needs_trainable_parameters_and_a_full_batch():
         Trainer(frozen, mse, collate, regression(8, 1), regression(4, 2), SETTINGS, progress=False)
     with pytest.raises(ValueError, match="cannot fill one batch"):
         Trainer(fresh_model(), mse, collate, regression(2, 1), regression(4, 2), SETTINGS, progress=False)
+
+
+def test_ema_matches_the_torch_ema_package():
+    """The engine's EMA gives torch-ema's averages step for step (same warm-up schedule)."""
+    torch_ema = pytest.importorskip("torch_ema")
+    from workbench.ema import ExponentialMovingAverage
+
+    generator = torch.Generator().manual_seed(0)
+    ours_param = nn.Parameter(torch.randn(5, generator=generator, dtype=torch.float64))
+    their_param = nn.Parameter(ours_param.detach().clone())
+    ours = ExponentialMovingAverage([ours_param], decay=0.99)
+    theirs = torch_ema.ExponentialMovingAverage([their_param], decay=0.99)
+    for _ in range(30):
+        step = torch.randn(5, generator=generator, dtype=torch.float64)
+        with torch.no_grad():
+            ours_param.add_(step)
+            their_param.add_(step)
+        ours.update()
+        theirs.update()
+    raw = ours_param.detach().clone()
+    with ours.average_parameters(), theirs.average_parameters():
+        torch.testing.assert_close(ours_param.detach(), their_param.detach(), rtol=0, atol=1e-15)
+        assert (ours_param.detach() - raw).abs().max() > 0.1  # the average is not the last value
+    assert torch.equal(ours_param.detach(), raw)  # restored afterwards
+    state = ours.state_dict()
+    fresh = ExponentialMovingAverage([nn.Parameter(torch.zeros(5, dtype=torch.float64))], decay=0.5)
+    fresh.load_state_dict(state)
+    assert fresh.num_updates == 30 and torch.equal(fresh.shadow[0], ours.shadow[0])

@@ -144,7 +144,7 @@ def load_model(
     Args:
         path: the ``.safetensors`` file (its ``.json`` architecture beside it).
         build: architecture dict → the untrained model; a KeyError/TypeError there means a bad architecture.
-        what: the checkpoint's kind in messages ("an MLP checkpoint").
+        what: the checkpoint's kind in messages ("a classifier checkpoint").
         expected: the architecture's expected fields in messages (``{'in_features': int, ...}``).
     """
     path = Path(path)

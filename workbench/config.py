@@ -1,27 +1,94 @@
-"""A run's configuration: what the user asked for, resolved against the task's defaults by a pure function.
+"""A run's configuration: what the user asked for (`RunRequest`), resolved against the task's defaults
+(`RunConfig`) by a pure function.
 
-`resolve_config` never changes what the user asked for: it fills in what they left out (and says
-which default it took in the resolved ``config.yaml``), stops with a `UserError` on what cannot be
-done, and returns warnings for what it will do but the user may not expect.
+`RunRequest` is the one list of run parameters: the CLI builds its ``adapt`` flags from its fields, and
+`workbench.adapt` takes them as keyword arguments. `resolve_config` never changes what the user asked for: it fills
+in what they left out (and says which default it took in the resolved ``config.yaml``), stops with a `UserError` on
+what cannot be done, and returns warnings for what it will do but the user may not expect.
+
+A baseline is a method name, or ``METHOD@MODEL`` for a method run on another registered model of the same task
+(``full@OTHER``: full training of the registered model ``OTHER`` beside the task's default model).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 from workbench.errors import UserError
 from workbench.options import resolve_options
-from workbench.registry import methods, tasks
+from workbench.registry import methods, models, tasks
+
+
+def _parameter(help: str, flag: str | None = None, **argparse: Any) -> dict[str, Any]:
+    return {"help": help, "flag": flag, "argparse": argparse}
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the user asks of a run; None leaves the choice to the task (and says so in ``config.yaml``)."""
+
+    domain: str = field(metadata=_parameter("task name (see `workbench list`)", required=True))
+    method: str | None = field(default=None, metadata=_parameter("adaptation method (default: the task's)"))
+    baselines: tuple[str, ...] | None = field(
+        default=None,
+        metadata=_parameter(
+            "comma-separated methods run beside it, METHOD or METHOD@MODEL (default: the task's); '' for none",
+            type=lambda text: tuple(name for name in text.split(",") if name),
+        ),
+    )
+    data: str | None = field(default=None, metadata=_parameter("your data (default: the task's embedded data)"))
+    model: str | None = field(
+        default=None,
+        metadata=_parameter("a registered model (`workbench list`) or a checkpoint file (default: the task's model)"),
+    )
+    trust_checkpoint: bool = field(
+        default=False, metadata=_parameter("allow loading a checkpoint that is a full pickle (it can run code)")
+    )
+    out: str | None = field(default=None, metadata=_parameter("run directory (default: runs/<task>-<method>-<time>)"))
+    epochs: int | None = field(
+        default=None, metadata=_parameter("maximum epochs (early stopping on validation may end sooner)", type=int)
+    )
+    train_size: int | None = field(
+        default=None, metadata=_parameter("training samples of the training split", type=int)
+    )
+    val_size: int | None = field(
+        default=None, metadata=_parameter("validation samples (default: the task's or max(10, train-size/5))", type=int)
+    )
+    batch_size: int | None = field(
+        default=None, metadata=_parameter("samples per step (per process under torchrun)", type=int)
+    )
+    patience: int | None = field(
+        default=None, metadata=_parameter("epochs without validation improvement before stopping", type=int)
+    )
+    ema_decay: float = field(
+        default=0.99,
+        metadata=_parameter(
+            "moving average of the trained weights, used for validation and the result (0: off)", type=float
+        ),
+    )
+    learning_rate: float | None = field(
+        default=None,
+        metadata=_parameter("learning rate (default: the task's, else each method's own)", "--lr", type=float),
+    )
+    seed: int = field(default=0, metadata=_parameter("seeds data selection, initialisation and shuffling", type=int))
+    device: str = field(default="auto", metadata=_parameter("where to train", choices=["auto", "cpu", "cuda"]))
+    task_options: Mapping[str, Any] = field(default_factory=dict, metadata={"cli": False})
+    method_options: Mapping[str, Any] = field(default_factory=dict, metadata={"cli": False})
+
+    @classmethod
+    def parameters(cls) -> list[Any]:
+        """The fields the command line offers as flags (all but the plug-in options)."""
+        return [f for f in fields(cls) if f.metadata.get("cli", True)]
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that determines a run's numbers (plus where it writes them)."""
+    """Everything that determines a run's numbers (plus where it writes them): a `RunRequest` resolved."""
 
     task: str
     method: str
@@ -55,45 +122,38 @@ class RunConfig:
         return cls(**{**content, "baselines": tuple(content["baselines"])})
 
 
-def resolve_config(
-    domain: str,
-    method: str | None = None,
-    baselines: list[str] | tuple[str, ...] | None = None,
-    data: str | None = None,
-    model: str | None = None,
-    trust_checkpoint: bool = False,
-    out: str | None = None,
-    epochs: int | None = None,
-    train_size: int | None = None,
-    val_size: int | None = None,
-    batch_size: int | None = None,
-    patience: int | None = None,
-    ema_decay: float = 0.99,
-    learning_rate: float | None = None,
-    seed: int = 0,
-    device: str = "auto",
-    task_options: dict[str, Any] | None = None,
-    method_options: dict[str, Any] | None = None,
-    now: datetime | None = None,
-) -> tuple[RunConfig, list[str]]:
+def split_entry(entry: str) -> tuple[str, str | None]:
+    """``"full@OTHER"`` → ``("full", "OTHER")``; ``"full"`` → ``("full", None)`` (the run's own model)."""
+    method, _, model = entry.partition("@")
+    return method, model or None
+
+
+def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[RunConfig, list[str]]:
     """Fill the task's defaults into the user's choices; returns the frozen config and warnings."""
+    domain = request.domain
     task_cls = tasks.get(domain)
-    method = method or task_cls.default_method
+    method = request.method or task_cls.default_method
+    if "@" in method:
+        raise UserError(f"--method {method}: choose the model with --model; METHOD@MODEL is for --baselines")
     method_cls = methods.get(method)
     warnings = []
     profile = task_cls.profile(method)
+    baselines = request.baselines
     chosen_baselines = tuple(profile.get("baselines", task_cls.baselines) if baselines is None else baselines)
-    for name in chosen_baselines:
+    for entry in chosen_baselines:
+        name, model_name = split_entry(entry)
         methods.get(name)
+        if model_name is not None:
+            models.get(model_name)
     if method in chosen_baselines:
         warnings.append(f"'{method}' is the chosen method and a baseline: it runs once, as the chosen method")
         chosen_baselines = tuple(name for name in chosen_baselines if name != method)
     defaults = task_cls.defaults
-    epochs = defaults.get("epochs", 40) if epochs is None else epochs
-    train_size = defaults.get("train_size", 100) if train_size is None else train_size
-    val_size = defaults.get("val_size", max(10, train_size // 5)) if val_size is None else val_size
-    batch_size = defaults.get("batch_size", 8) if batch_size is None else batch_size
-    patience = defaults.get("patience", 15) if patience is None else patience
+    epochs = defaults.get("epochs", 40) if request.epochs is None else request.epochs
+    train_size = defaults.get("train_size", 100) if request.train_size is None else request.train_size
+    val_size = defaults.get("val_size", max(10, train_size // 5)) if request.val_size is None else request.val_size
+    batch_size = defaults.get("batch_size", 8) if request.batch_size is None else request.batch_size
+    patience = defaults.get("patience", 15) if request.patience is None else request.patience
     for flag, value, low in (
         ("--epochs", epochs, 1),
         ("--train-size", train_size, 1),
@@ -105,35 +165,33 @@ def resolve_config(
             raise UserError(f"{flag} must be at least {low}, got {value}")
     if batch_size > train_size:
         raise UserError(f"--batch-size {batch_size} is larger than --train-size {train_size}")
+    ema_decay = request.ema_decay
     if not 0 <= ema_decay < 1:
         raise UserError(f"--ema-decay must be in [0, 1) (0 turns averaging off), got {ema_decay}")
-    learning_rate = defaults.get("learning_rate") if learning_rate is None else learning_rate
+    learning_rate = defaults.get("learning_rate") if request.learning_rate is None else request.learning_rate
     if learning_rate is not None and learning_rate <= 0:
         raise UserError(f"--lr must be positive, got {learning_rate}")
+    device = request.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is visible to torch (use --device cpu or auto)")
     elif device not in ("cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
-    if model is not None and str(model).endswith(".model") and not trust_checkpoint:
-        raise UserError(
-            f"{model}: a MACE .model file is a full pickle that can run code when loaded; "
-            "pass --trust-checkpoint if you trust its origin"
-        )
-    task_options = {**profile.get("options", {}), **(task_options or {})}
+    task_options = {**profile.get("options", {}), **dict(request.task_options)}
     task_options = resolve_options(f"task '{domain}'", task_cls.options, task_options)
-    method_options = resolve_options(f"method '{method}'", method_cls.options, dict(method_options or {}))
+    method_options = resolve_options(f"method '{method}'", method_cls.options, dict(request.method_options))
     method_cls(**method_options)  # a method checks its options when built: fail before anything is written
+    out = request.out
     if out is None:
         out = f"runs/{domain}-{method}-{(now or datetime.now()).strftime('%Y%m%d-%H%M%S')}"
     config = RunConfig(
         task=domain,
         method=method,
         baselines=chosen_baselines,
-        data=None if data is None else str(data),
-        model=None if model is None else str(model),
-        trust_checkpoint=trust_checkpoint,
+        data=None if request.data is None else str(request.data),
+        model=None if request.model is None else str(request.model),
+        trust_checkpoint=request.trust_checkpoint,
         out=str(out),
         epochs=epochs,
         train_size=train_size,
@@ -142,7 +200,7 @@ def resolve_config(
         patience=patience,
         ema_decay=ema_decay,
         learning_rate=learning_rate,
-        seed=seed,
+        seed=request.seed,
         device=device,
         task_options=task_options,
         method_options=method_options,

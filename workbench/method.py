@@ -2,7 +2,9 @@
 
 A method hooks into the run at named points, in this order:
 
-- ``check(task, data)``: refuse, before anything is written, a task or data the method cannot work with;
+- ``check(task, data, model)``: refuse, before anything is written, a task, data or model the method cannot work
+  with (the default checks ``model_families``, ``needs_model`` and ``needs_task`` against what the model and the
+  task declare);
 - ``prepare(model)``: attach adapters, choose what trains;
 - ``setup(task, model, data, seed)``: look at the data before training (fit sample weights, keep the
   unlabelled target samples);
@@ -34,6 +36,7 @@ from torch import nn
 
 from workbench.checkpoint import check_state_fits
 from workbench.errors import UserError
+from workbench.model import require
 from workbench.options import Option, resolve_options
 
 if TYPE_CHECKING:
@@ -52,10 +55,13 @@ class Method:
     options: ClassVar[tuple[Option, ...]] = ()
     #: True for methods that learn from a teacher model: a run hands them its chosen method's adapted model.
     takes_teacher: ClassVar[bool] = False
-    #: The model families (``Task.model_family``) the method can adapt; empty for any.
+    #: The model families (`workbench.model.ModelSpec.family`) the method can adapt; empty for any.
     model_families: ClassVar[tuple[str, ...]] = ()
-    #: True for methods that need the task's unlabelled target samples (``TaskData.target``).
-    needs_target: ClassVar[bool] = False
+    #: What the model must declare (`workbench.model.NEEDS`: ``head``, ``lora_target_groups``, ``embedding``,
+    #: ``signal``).
+    needs_model: ClassVar[tuple[str, ...]] = ()
+    #: What the task must offer (`workbench.task.CAPABILITIES`, e.g. ``sample_ids``, ``target_pool``).
+    needs_task: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: Any):
         self.config = resolve_options(f"method '{self.name}'", self.options, options)
@@ -64,15 +70,18 @@ class Method:
         """Attach what the method trains and freeze the rest, in place; returns the model."""
         raise NotImplementedError
 
-    def check(self, task: "Task", data: "TaskData") -> None:
-        """Refuse a task or data this method cannot work with — called before the run directory appears."""
-        if self.model_families and task.model_family not in self.model_families:
+    def check(self, task: "Task", data: "TaskData", model: nn.Module) -> None:
+        """Refuse a task, data or model this method cannot work with — called before the run directory appears."""
+        if self.model_families or self.needs_model:
+            require(model, self.name, *self.needs_model, families=self.model_families)
+        missing = [need for need in self.needs_task if need not in task.capabilities]
+        if missing:
             raise UserError(
-                f"method '{self.name}' adapts {' or '.join(self.model_families)} models; task '{task.name}' uses the "
-                f"{task.model_family} model family"
+                f"method '{self.name}' needs a task that offers {', '.join(missing)}; task '{task.name}' offers "
+                f"{', '.join(sorted(task.capabilities)) or 'none of these'}"
             )
-        if self.needs_target and not data.target:
-            raise UserError(f"method '{self.name}' needs unlabelled target samples; task '{task.name}' has none")
+        if "target_pool" in self.needs_task and not data.target:
+            raise UserError(f"method '{self.name}' needs unlabelled target samples; task '{task.name}' has none here")
 
     def set_teacher(self, teacher: nn.Module) -> None:
         """The model to learn from (only for ``takes_teacher`` methods)."""

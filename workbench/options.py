@@ -1,4 +1,4 @@
-"""Options that a task or a method adds to ``workbench adapt`` (``--molecule``, ``--rank``, ...)."""
+"""Options that a task or a method adds to ``workbench adapt`` (``--rank``, ...) or a task to ``data generate``."""
 
 from __future__ import annotations
 

@@ -32,6 +32,8 @@ class Registry(Generic[T]):
         self.kind = kind
         self.group = group
         self._classes: dict[str, T] = {}
+        #: Plug-ins whose module could not be imported (an extra not installed): name -> the error.
+        self.unavailable: dict[str, str] = {}
         self._discovered = False
 
     def register(self, cls: T) -> T:
@@ -51,12 +53,20 @@ class Registry(Generic[T]):
         for entry in entry_points(group=self.group):
             try:
                 import_module(entry.value.split(":")[0])
+            except ImportError as error:  # a package of an extra that is not installed: say so when it is asked for
+                self.unavailable[entry.name] = f"{type(error).__name__}: {error}"
             except Exception as error:  # a broken third-party plug-in must not break the others
+                self.unavailable[entry.name] = f"{type(error).__name__}: {error}"
                 log.warning("could not load %s plug-in '%s' (%s): %s", self.kind, entry.name, entry.value, error)
 
     def get(self, name: str) -> T:
         """The class registered as ``name``; an unknown name is a `UserError` listing the known ones."""
         self._discover()
+        if name not in self._classes and name in self.unavailable:
+            raise UserError(
+                f"{self.kind} '{name}' cannot be loaded ({self.unavailable[name]}); install the extra that provides "
+                'it (README: pip install -e ".[EXTRA]")'
+            )
         try:
             return self._classes[name]
         except KeyError:

@@ -14,6 +14,7 @@ Run directory::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -31,7 +32,7 @@ from torch import nn
 
 from workbench import report
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
-from workbench.config import RunConfig, resolve_config
+from workbench.config import RunConfig, RunRequest, resolve_config, split_entry
 from workbench.errors import UserError
 from workbench.memory import PeakMemory
 from workbench.method import Method, count_parameters
@@ -56,16 +57,21 @@ class Run:
         names = ["config.yaml", "metrics.json", "adapter.safetensors", "adapter.json", "report.md", "log.txt"]
         return {name: self.path / name for name in names if (self.path / name).exists()}
 
-    @classmethod
-    def load(cls, path: str | Path) -> "Run":
-        """Read a finished run and rebuild its adapted model (base model + task state + adapter, merged)."""
+    @staticmethod
+    def read_config(path: str | Path) -> RunConfig:
+        """The configuration of the finished run in ``path``; a `UserError` when it is not one."""
         path = Path(path)
         for name in ("config.yaml", "metrics.json", "adapter.safetensors", "adapter.json"):
             if not (path / name).is_file():
                 raise UserError(f"{path}: not a finished run ({name} is missing)")
-        config = RunConfig.from_dict(yaml.safe_load((path / "config.yaml").read_text()))
-        metrics = json.loads((path / "metrics.json").read_text())
-        return cls(path, config, metrics, _adapted_model(path, config))
+        return RunConfig.from_dict(yaml.safe_load((path / "config.yaml").read_text()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Run":
+        """Read a finished run and rebuild its adapted model (base model + task state + adapter, merged)."""
+        config = cls.read_config(path)
+        metrics = json.loads((Path(path) / "metrics.json").read_text())
+        return cls(Path(path), config, metrics, _adapted_model(Path(path), config))
 
 
 def _adapted_model(path: Path, config: RunConfig) -> nn.Module:
@@ -82,58 +88,33 @@ def _adapted_model(path: Path, config: RunConfig) -> nn.Module:
     return model
 
 
-def adapt(
-    domain: str,
-    method: str | None = None,
-    *,
-    data: str | None = None,
-    model: str | None = None,
-    out: str | None = None,
-    epochs: int | None = None,
-    train_size: int | None = None,
-    val_size: int | None = None,
-    batch_size: int | None = None,
-    patience: int | None = None,
-    ema_decay: float = 0.99,
-    learning_rate: float | None = None,
-    seed: int = 0,
-    device: str = "auto",
-    resume: bool = False,
-    quiet: bool = False,
-    trust_checkpoint: bool = False,
-    baselines: list[str] | None = None,
-    method_options: dict[str, Any] | None = None,
-    **task_options: Any,
-) -> Run:
+def adapt(domain: str, method: str | None = None, *, resume: bool = False, quiet: bool = False, **settings: Any) -> Run:
     """Adapt the task's pretrained model to its data with ``method``; run the baselines beside it.
+
+    ``settings``: any field of `workbench.config.RunRequest` (``data``, ``model``, ``out``, ``epochs``,
+    ``train_size``, ``baselines``, ``method_options``, ...); every other keyword is an option of the task
+    (``OPTION=value``, as the task declares). ``resume`` continues the interrupted run in ``out``; ``quiet`` hides
+    progress bars and the table.
 
     Example::
 
-        >>> run = workbench.adapt(domain="rmd17", method="elora", epochs=5, train_size=20)  # doctest: +SKIP
+        >>> run = workbench.adapt(domain="TASK", method="METHOD", epochs=5, train_size=20)  # doctest: +SKIP
         >>> run.metrics["after"], run.path                                                  # doctest: +SKIP
 
     Returns a `Run` whose ``model`` is the adapted model with its adapters merged.
     """
-    config, warnings = resolve_config(
-        domain,
-        method=method,
-        baselines=baselines,
-        data=data,
-        model=model,
-        trust_checkpoint=trust_checkpoint,
-        out=out,
-        epochs=epochs,
-        train_size=train_size,
-        val_size=val_size,
-        batch_size=batch_size,
-        patience=patience,
-        ema_decay=ema_decay,
-        learning_rate=learning_rate,
-        seed=seed,
-        device=device,
-        task_options=task_options,
-        method_options=method_options,
-    )
+    names = {f.name for f in dataclasses.fields(RunRequest)}
+    given = {key: value for key, value in settings.items() if key in names}
+    task_options = {**given.pop("task_options", {}), **{k: v for k, v in settings.items() if k not in names}}
+    if given.get("baselines") is not None:
+        given["baselines"] = tuple(given["baselines"])
+    request = RunRequest(domain=domain, method=method, task_options=task_options, **given)
+    return run_request(request, resume=resume, quiet=quiet)
+
+
+def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) -> Run:
+    """`adapt` for a `RunRequest` (what the command line calls)."""
+    config, warnings = resolve_config(request)
     _init_distributed(config.device)
     rank, _ = distributed()
     if rank != 0:
@@ -153,23 +134,31 @@ def adapt(
     raw = task.read(config.data, config.seed)
     base = task.load_model(config.model, config.trust_checkpoint)
     data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
-    for name in (config.method, *config.baselines):
-        methods.get(name)(**(config.method_options if name == config.method else {})).check(task, data)
-    base.to(device)
+    bases = {None: (base, task_state)}  # the run's model, then every other model a baseline names (METHOD@MODEL)
+    for entry in config.baselines:
+        model_name = split_entry(entry)[1]
+        if model_name is not None and model_name not in bases:
+            other = task.load_model(model_name, config.trust_checkpoint)
+            bases[model_name] = (other, task.prepare(other, raw, config.train_size, config.val_size, config.seed)[1])
+    for entry in (config.method, *config.baselines):
+        name, model_name = split_entry(entry)
+        options = config.method_options if entry == config.method else {}
+        methods.get(name)(**options).check(task, data, bases[model_name][0])
+    for model, _ in bases.values():
+        model.to(device)
     # Everything the user gave has been read and checked: only now does the run directory appear.
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
     with _logging_to(out_dir / "log.txt" if rank == 0 else None):
-        return _adapt_steps(config, task, data, base, task_state, out_dir, device, resume, quiet, rank)
+        return _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank)
 
 
 def _adapt_steps(
     config: RunConfig,
     task: Task,
     data: TaskData,
-    base: nn.Module,
-    task_state: dict[str, Any],
+    bases: dict[str | None, tuple[nn.Module, dict[str, Any]]],
     out_dir: Path,
     device: torch.device,
     resume: bool,
@@ -188,6 +177,7 @@ def _adapt_steps(
         config.device,
     )
 
+    base = bases[None][0]
     before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank)
     _warm_up(task, base, data, device, config.batch_size)
     results: dict[str, dict[str, Any]] = {}
@@ -199,9 +189,10 @@ def _adapt_steps(
         chosen = name == config.method
         # a distilling baseline learns from the chosen method's adapted model (read back from its adapter)
         teacher = None if chosen or chosen_is_student else functools.partial(_teacher, out_dir, config)
+        model, task_state = bases[split_entry(name)[1]]
         results[name], evaluations[name] = _run_method(
             task,
-            base,
+            model,
             data,
             name,
             config.method_options if chosen else {},
@@ -250,11 +241,11 @@ def evaluate(run: str | Path, data: str | None = None, device: str = "auto") -> 
 
 
 def predict(run: str | Path, input: str | Path, output: str | Path) -> dict[str, Any]:
-    """Score every record of the folder ``input`` with a finished run's merged model (``workbench predict``).
+    """Score every input of the folder ``input`` with a finished run's merged model (``workbench predict``).
 
-    Writes ``output`` (CSV, one row per record: the task's scores, thresholded labels and a ``status`` saying
-    why a bad record has none) and beside it ``<output stem>.json``: sha256 of the base model's files, the
-    adapter and the data card, the thresholds (task state), the workbench version. Both are written atomically.
+    Writes ``output`` (CSV, one row per input: the task's columns and a ``status`` saying why a bad input has no
+    scores) and beside it ``<output stem>.json``: sha256 of the base model's files, the adapter and the data card,
+    the facts the task adds (classes, thresholds, ...), the workbench version. Both are written atomically.
     Returns the sidecar's content.
     """
     import csv
@@ -267,19 +258,20 @@ def predict(run: str | Path, input: str | Path, output: str | Path) -> dict[str,
 
     folder, output = Path(input), Path(output)
     if not folder.is_dir():
-        raise UserError(f"{folder}: no such folder (give --input a folder of records)")
+        raise UserError(f"{folder}: no such folder (give --input a folder of inputs)")
     if output.suffix.lower() != ".csv":
         raise UserError(f"{output}: the output must be a .csv file")
-    finished = Run.load(run)
-    config = finished.config
+    config = Run.read_config(run)
     task = tasks.get(config.task)(**config.task_options)
+    if "predict" not in task.capabilities:
+        raise UserError(f"task '{config.task}' has no batch prediction (workbench predict)")
+    finished = Run.load(run)
     adapter = json.loads((finished.path / "adapter.json").read_text())
-    state = adapter["task_state"]
-    columns, rows = task.predict_folder(finished.model, folder, state)
+    predictions = task.predict_folder(finished.model, folder, adapter["task_state"])
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=columns, lineterminator="\n")
+    writer = csv.DictWriter(text, fieldnames=predictions.columns, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows(predictions.rows)
     write_text(output, text.getvalue())
 
     def sha256(path: Path) -> str:
@@ -291,7 +283,7 @@ def predict(run: str | Path, input: str | Path, output: str | Path) -> dict[str,
         "adapter": {name: sha256(finished.path / name) for name in ("adapter.safetensors", "adapter.json")},
         "data_cards": {name: sha256(Path(load_card(name).path)) for name in cards},
     }
-    statuses = [row.get("status", "ok") for row in rows]
+    statuses = [row.get("status", "ok") for row in predictions.rows]
     record = {
         "workbench_version": workbench.__version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -301,10 +293,9 @@ def predict(run: str | Path, input: str | Path, output: str | Path) -> dict[str,
         "method_options": adapter["options"],
         "input": str(folder),
         "output": str(output),
-        "records": len(rows),
+        "records": len(predictions.rows),
         "failed": sum(status != "ok" for status in statuses),
-        "thresholds": state.get("thresholds"),
-        "classes": state.get("classes"),
+        **predictions.facts,
         "sha256": files,
     }
     write_json(output.with_suffix(".json"), record)
@@ -379,7 +370,7 @@ def _run_method(
     task: Task,
     base: nn.Module,
     data: TaskData,
-    name: str,
+    entry: str,
     options: dict[str, Any],
     config: RunConfig,
     out_dir: Path,
@@ -391,16 +382,17 @@ def _run_method(
     save_adapter: bool,
     teacher: Callable[[], nn.Module] | None = None,
 ) -> tuple[dict[str, Any], Evaluation]:
-    """Train one method on a copy of ``base``; reuse its saved result when resuming.
+    """Train the method of ``entry`` (``METHOD`` or ``METHOD@MODEL``) on a copy of ``base``; reuse its saved result
+    when resuming.
 
     With ``save_adapter`` (the chosen method) the adapter is written too, before the result that marks
     the method finished. A ``takes_teacher`` method gets ``teacher()`` when it is given.
     """
-    saved = _load_result(out_dir, name)
+    saved = _load_result(out_dir, entry)
     if saved is not None:
-        log.info("%s: finished earlier, reusing its results", name)
+        log.info("%s: finished earlier, reusing its results", entry)
         return saved
-    method: Method = methods.get(name)(**options)
+    method: Method = methods.get(split_entry(entry)[0])(**options)
     if method.takes_teacher and teacher is not None:
         method.set_teacher(teacher())
     torch.manual_seed(config.seed)
@@ -425,10 +417,10 @@ def _run_method(
             data.train,
             data.val,
             settings,
-            checkpoint_path=out_dir / "checkpoints" / f"{name}.pt",
+            checkpoint_path=out_dir / "checkpoints" / f"{entry}.pt",
             device=device,
             progress=progress,
-            label=name,
+            label=entry,
             epoch_start=method.start_epoch,
             gradients=functools.partial(method.gradients, task),
         )
@@ -453,7 +445,7 @@ def _run_method(
     if rank == 0:
         if save_adapter:
             _save_adapter(out_dir, method, model, task_state)
-        _save_result(out_dir, name, result, evaluation)
+        _save_result(out_dir, entry, result, evaluation)
     return result, evaluation
 
 

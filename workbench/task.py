@@ -1,12 +1,15 @@
 """The shape every task shares: a named adaptation problem that reads its data and scores models.
 
 A task (in ``domains/<domain>/``) knows how to read its data (the real layout and the embedded
-default), its splits, its loss and metrics, its default backbone and method, and its data card. The
-run (`workbench.run`) calls the hooks below in order; the core never looks inside the samples.
+default), its splits, its loss and metrics, its default model (a name in the models registry) and method,
+and its data card. The run (`workbench.run`) calls the hooks below in order; the core never looks inside the
+samples. What a task offers beyond the required hooks it declares in ``capabilities`` (`CAPABILITIES`), and
+methods that need a capability are refused before the run directory appears.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
@@ -17,6 +20,18 @@ from torch import nn
 
 from workbench.errors import UserError
 from workbench.options import Option, resolve_options
+from workbench.registry import models
+
+#: What a task may offer beyond the required hooks, and the hooks that offer it.
+CAPABILITIES = {
+    "sample_losses": "per-sample training losses (`Task.sample_losses`)",
+    "sample_ids": "sample ids to look weights up by (`Task.batch_ids`, `Task.sample_ids`)",
+    "sample_inputs": "input vectors for density-ratio estimation (`Task.sample_inputs`)",
+    "class_labels": "class labels of a batch (`Task.batch_labels`)",
+    "embed": "features and class logits of a batch (`Task.embed`)",
+    "target_pool": "unlabelled target samples (`TaskData.target`)",
+    "predict": "batch prediction of a folder of inputs (`Task.predict_folder`, ``workbench predict``)",
+}
 
 
 @dataclass
@@ -32,6 +47,16 @@ class TaskData:
     #: Unlabelled samples of the target domain, for methods that look at the target while training
     #: (sample weights, alignment terms); None for tasks whose training data already is the target.
     target: Sequence[Any] | None = None
+
+
+@dataclass
+class Predictions:
+    """What ``workbench predict`` writes: one CSV row per input (``status`` "ok" or why not), and ``facts`` the
+    task adds to the JSON record beside it (classes, thresholds, preprocessing)."""
+
+    columns: list[str]
+    rows: list[dict[str, Any]]
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -51,9 +76,11 @@ class Task:
     card: ClassVar[str]
     #: Cards of the published datasets the task also reads from a user's path.
     reads: ClassVar[tuple[str, ...]] = ()
-    #: Name of the model family (in `workbench.registry.models`) this task adapts.
-    model_family: ClassVar[str]
+    #: The registered model (in `workbench.registry.models`) adapted when the user names none.
+    default_model: ClassVar[str]
     default_method: ClassVar[str]
+    #: What the task offers beyond the required hooks (keys of `CAPABILITIES`).
+    capabilities: ClassVar[frozenset[str]] = frozenset()
     #: Methods run beside the chosen one in the same run.
     baselines: ClassVar[tuple[str, ...]] = ()
     #: Metric names, in the order the report shows them; the first is the headline.
@@ -63,8 +90,21 @@ class Task:
     #: Training defaults of this task (`workbench.trainer.TrainSettings` fields and ``train_size``).
     defaults: ClassVar[Mapping[str, Any]] = {}
     options: ClassVar[tuple[Option, ...]] = ()
+    #: Import names of the packages the task needs at run time, and the extra that installs them.
+    requires: ClassVar[tuple[str, ...]] = ()
+    extra: ClassVar[str | None] = None
+    #: Command lines shown by ``workbench --help`` (what a user of this task types first).
+    examples: ClassVar[tuple[str, ...]] = ()
+    #: Options of ``workbench data generate`` (the keyword arguments of `generate` besides ``out`` and ``seed``).
+    generate_options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, **options: Any):
+        missing = [name for name in self.requires if importlib.util.find_spec(name) is None]
+        if missing:
+            raise UserError(
+                f"task '{self.name}' needs {', '.join(missing)}, which is not installed: "
+                f'pip install -e ".[{self.extra}]" (or pip install "workbench[{self.extra}]")'
+            )
         self.config = resolve_options(f"task '{self.name}'", self.options, options)
         #: Whether the task's long loops (reading a large data set) show a progress bar (off with ``--quiet``).
         self.progress = True
@@ -87,9 +127,25 @@ class Task:
         """
         raise NotImplementedError
 
+    def model_choice(self, source: str | Path | None) -> tuple[str, str | None]:
+        """(registered model name, checkpoint path or None) of ``--model``: None is the task's default model, a
+        registered name that model (its shipped checkpoint, or built fresh), anything else a checkpoint path read
+        by the task's default model family."""
+        if source is None:
+            return self.default_model, None
+        if str(source) in models.names():
+            return str(source), None
+        return self.default_model, str(source)
+
+    def model_sizes(self) -> dict[str, Any]:
+        """Sizes the data fixes (``in_features``, ``n_classes``, ...), handed to `workbench.model.ModelFamily.load`
+        (after `read`)."""
+        return {}
+
     def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
-        """The pretrained model to adapt (the shipped one when ``source`` is None)."""
-        raise NotImplementedError
+        """The model to adapt, through the models registry (``source``: see `model_choice`)."""
+        name, path = self.model_choice(source)
+        return models.get(name)().load(path, trust_checkpoint=trust_checkpoint, **self.model_sizes())
 
     def prepare(
         self, model: nn.Module, raw: Any, train_size: int, val_size: int, seed: int
@@ -159,26 +215,26 @@ class Task:
         raise UserError(f"task '{self.name}' has no input vectors: density-ratio weighting does not fit it")
 
     # -- batch prediction (``workbench predict``) ---------------------------------------------------
-    def predict_folder(
-        self, model: nn.Module, folder: Path, state: Mapping[str, Any]
-    ) -> tuple[list[str], list[dict[str, Any]]]:
+    def predict_folder(self, model: nn.Module, folder: Path, state: Mapping[str, Any]) -> "Predictions":
         """Score every input file of ``folder`` with a run's merged ``model`` and its task ``state``.
 
-        Returns (CSV columns, one row per input); a bad input gets a row saying why, the others go on.
+        A bad input gets a row whose ``status`` says why, the others go on. Tasks offering it declare ``predict``.
         """
         raise UserError(f"task '{self.name}' has no batch prediction")
 
     def model_files(self, source: str | Path | None) -> list[Path]:
-        """The files of the base model ``source`` (the shipped one when None), hashed in prediction records."""
-        return []
+        """The files of the base model ``source`` (the task's default when None), hashed in prediction records."""
+        name, path = self.model_choice(source)
+        return models.get(name)().files(path)
 
     # -- data commands ---------------------------------------------------------------------------
     def info(self, data: str | Path | None) -> str:
         """A human-readable description of the data (``workbench data info``)."""
         raise NotImplementedError
 
-    def generate(self, out: Path, **kwargs: Any) -> str:
-        """Generate data with real simulators into ``out`` (``workbench data generate``)."""
+    def generate(self, out: Path, seed: int | None = None, **options: Any) -> str:
+        """Generate data with real simulators into ``out`` (``workbench data generate``); ``options`` are the
+        task's ``generate_options``."""
         raise UserError(f"task '{self.name}' has no data generator")
 
     def pretrain(self, out: Path, **kwargs: Any) -> str:

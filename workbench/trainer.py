@@ -22,10 +22,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch_ema import ExponentialMovingAverage
 from tqdm.auto import tqdm
 
 from workbench.checkpoint import load_checkpoint, save_checkpoint
+from workbench.ema import ExponentialMovingAverage
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from torch import nn
 from workbench.domains.atomistic import plots
 from workbench.domains.atomistic.frames import check_elements, collate, predict, to_graphs
 from workbench.domains.atomistic.readers import LabelledSet, read_extxyz_set, read_rmd17
-from workbench.models.mace import atomic_numbers_of, load_mace, set_atomic_energies
+from workbench.models.mace import atomic_numbers_of, set_atomic_energies
 
 from workbench.errors import UserError
 from workbench.options import Option
@@ -84,7 +84,9 @@ class Rmd17(Task):
     description = "Fine-tune a MACE foundation potential (GFN2-xTB) on PBE/def2-SVP frames of a molecule, rMD17 layout"
     card = "rmd17-embedded"
     reads = ("rmd17",)
-    model_family = "mace"
+    requires = ("mace", "e3nn", "ase")
+    extra = "atomistic"
+    default_model = "mace"
     default_method = "elora"
     baselines = ("full", "readout", "mace-lora")
     metrics = (
@@ -95,6 +97,13 @@ class Rmd17(Task):
         "energy_mae_mev_per_atom",
     )
     defaults = {"epochs": 40, "batch_size": 5, "train_size": 50, "patience": 15}
+    examples = (
+        "workbench adapt --domain rmd17                          # ELoRA + baselines on the embedded DFT data",
+        "workbench adapt --domain rmd17 --data ~/rmd17 --molecule aspirin --model MACE-OFF23_medium.model "
+        "--trust-checkpoint",
+        "workbench evaluate --run runs/x --data ~/rmd17/npz_data/rmd17_ethanol.npz",
+        "workbench data generate rmd17 --out my_rmd17 --molecules ethanol --frames 20 --level dft",
+    )
     options = (
         Option("molecule", str, "ethanol", "molecule of the rMD17 folder to adapt to"),
         Option("split", int, 1, "which rMD17 split (index_{train,test}_0K.csv, K = 1..5)"),
@@ -108,6 +117,13 @@ class Rmd17(Task):
         ),
         Option("energy_weight", float, 1.0, "weight of the per-atom energy error in the loss"),
         Option("forces_weight", float, 1000.0, "weight of the force error in the loss"),
+    )
+    generate_options = (
+        Option("molecules", str, "", "comma-separated molecules (default: ethanol; for --corpus the G2 set)"),
+        Option("frames", int, 20, "frames per molecule"),
+        Option("level", str, "dft", "labels: PBE/def2-SVP or GFN2-xTB", choices=("dft", "xtb")),
+        Option("temperature", float, 500.0, "MD temperature [K]"),
+        Option("corpus", bool, False, "write the GFN2-xTB pretraining corpus (one extxyz file) instead of target data"),
     )
 
     def __init__(self, **options: Any):
@@ -124,9 +140,6 @@ class Rmd17(Task):
         if path.suffix in (".xyz", ".extxyz") or (path.is_dir() and (path / "train.xyz").is_file()):
             return read_extxyz_set(path, seed)
         return read_rmd17(path, self.config["molecule"], self.config["split"])
-
-    def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
-        return load_mace(source, trust_checkpoint=trust_checkpoint)
 
     def prepare(
         self, model: nn.Module, raw: LabelledSet, train_size: int, val_size: int, seed: int
@@ -243,20 +256,21 @@ class Rmd17(Task):
     def generate(
         self,
         out: Path,
-        molecules: Sequence[str] | None = None,
-        n_frames: int = 20,
+        seed: int | None = None,
+        molecules: str = "",
+        frames: int = 20,
         level: str = "dft",
-        temperature_k: float = 500.0,
-        seed: int = 2026,
+        temperature: float = 500.0,
         corpus: bool = False,
     ) -> str:
-        """rMD17-layout target data (xTB MD, labels at ``level``), or with ``corpus`` the xTB pretraining corpus."""
+        """rMD17-layout target data (xTB MD at ``temperature`` K, labels at ``level``), or with ``corpus`` the xTB
+        pretraining corpus; ``molecules`` comma-separated."""
         from workbench.domains.atomistic import generate
 
+        seed = 2026 if seed is None else seed
+        names = [name for name in molecules.split(",") if name] or None
         if corpus:
-            generate.generate_foundation_corpus(out, molecules=molecules, frames_per_molecule=n_frames, seed=seed)
+            generate.generate_foundation_corpus(out, molecules=names, frames_per_molecule=frames, seed=seed)
             return f"wrote the GFN2-xTB corpus to {out}"
-        generate.generate_rmd17(
-            out, molecules or ["ethanol"], n_frames, level=level, temperature_k=temperature_k, seed=seed
-        )
+        generate.generate_rmd17(out, names or ["ethanol"], frames, level=level, temperature_k=temperature, seed=seed)
         return f"wrote rMD17-layout data ({level}) to {out}"

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 from workbench.domains.ecg.readers import SUPERCLASSES, read_embedded
-from workbench.domains.ecg.task import PREPROCESSING, SOURCE_SITES, PtbXl, _samples, multilabel_scores
+from workbench.domains.ecg.task import PREPROCESSING, SOURCE_SITES, PtbXl, _samples
 from workbench.models.ecg import ECGEncoder, save_ecg_model
 
+from workbench.metrics import multilabel_scores
 from workbench.trainer import Trainer, TrainSettings
 
 

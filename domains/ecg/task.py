@@ -53,12 +53,12 @@ from workbench.domains.ecg.readers import (
     read_ptbxl,
     read_record,
 )
-from workbench.models.ecg import SHIPPED_CHECKPOINT, load_ecg_model
 
 from workbench.errors import UserError
+from workbench.metrics import choose_thresholds, multilabel_scores
 from workbench.options import Option
 from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData
+from workbench.task import Evaluation, Predictions, Task, TaskData
 
 log = logging.getLogger(__name__)
 
@@ -97,55 +97,6 @@ def _samples(records: EcgSet) -> list[EcgSample]:
     return [EcgSample(records.signals[i], records.labels[i], str(records.record_ids[i])) for i in range(len(records))]
 
 
-def choose_thresholds(truth: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
-    """Per-class threshold maximising the F1 of ``probabilities >= t`` on (validation) ``truth``.
-
-    Candidates are the class's distinct probabilities (and 0.5); ties go to the threshold closest to 0.5.
-    A class without a positive record keeps 0.5.
-
-    Shapes:
-        truth, probabilities (n_records, n_classes) → (n_classes,)
-    """
-    from sklearn.metrics import f1_score
-
-    thresholds = np.full(truth.shape[1], 0.5)
-    for k in range(truth.shape[1]):
-        if truth[:, k].sum() == 0:
-            continue
-        candidates = np.unique(np.concatenate([probabilities[:, k], [0.5]]))
-        scores = [f1_score(truth[:, k], probabilities[:, k] >= t, zero_division=0) for t in candidates]
-        best = max(scores)
-        thresholds[k] = min((t for t, s in zip(candidates, scores) if s == best), key=lambda t: abs(t - 0.5))
-    return thresholds
-
-
-def multilabel_scores(
-    truth: np.ndarray, probabilities: np.ndarray, thresholds: np.ndarray, classes: Sequence[str]
-) -> dict[str, float]:
-    """Macro AUROC / average precision (classes with both labels present) and macro F1 at ``thresholds``."""
-    from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
-
-    predicted = probabilities >= thresholds
-    scores: dict[str, float] = {}
-    aurocs, precisions = [], []
-    for k, name in enumerate(classes):
-        key = name.lower()
-        if 0 < truth[:, k].sum() < len(truth):
-            aurocs.append(roc_auc_score(truth[:, k], probabilities[:, k]))
-            precisions.append(average_precision_score(truth[:, k], probabilities[:, k]))
-            scores[f"auroc_{key}"] = float(aurocs[-1])
-        scores[f"f1_{key}"] = float(f1_score(truth[:, k], predicted[:, k], zero_division=0))
-    if not aurocs:
-        raise UserError("no class has both positive and negative records in the test split: AUROC is undefined")
-    f1s = [scores[f"f1_{name.lower()}"] for name in classes]
-    return {
-        "macro_auroc": float(np.mean(aurocs)),
-        "macro_average_precision": float(np.mean(precisions)),
-        "macro_f1": float(np.mean(f1s)),
-        **scores,
-    }
-
-
 @tasks.register
 class PtbXl(Task):
     """Adapt a 12-lead ECG classifier to a target site (embedded) or to PTB-XL (``--data``)."""
@@ -154,8 +105,11 @@ class PtbXl(Task):
     description = "Adapt a pretrained 12-lead ECG classifier (NORM/MI/STTC/CD/HYP) to a new site; PTB-XL layout"
     card = "ptbxl-synthetic"
     reads = ("ptbxl",)
-    model_family = "ecg"
+    requires = ("wfdb", "scipy", "sklearn", "pandas")
+    extra = "ecg"
+    default_model = "ecg"
     default_method = "htuning"
+    capabilities = frozenset({"sample_losses", "predict"})
     #: ``distill`` learns from the model the chosen method adapted (a 12-lead student; ``--n-leads`` 3 or 1).
     baselines = ("full", "lora", "distill")
     metrics = ("macro_auroc", "macro_average_precision", "macro_f1")
@@ -177,6 +131,11 @@ class PtbXl(Task):
         "patience": 10,
         "learning_rate": 1e-3,
     }
+    examples = (
+        "workbench adapt --domain ptbxl                          # H-Tuning, full, LoRA, a distilled student",
+        "workbench adapt --domain ptbxl --data ~/ptb-xl --out runs/ptbxl",
+        "workbench predict --run runs/ptbxl --input new_records/ --output predictions.csv",
+    )
     options = (
         Option("target_site", str, DEFAULT_TARGET_SITE, "embedded data: the site to adapt to (1, 2 or 3)"),
         Option(
@@ -225,11 +184,9 @@ class PtbXl(Task):
                 raise UserError(f"{source}: the {name} split has no usable record")
         return EcgSplits(splits["train"], splits["val"], splits["test"], source, description)
 
-    def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
-        model = load_ecg_model(SHIPPED_CHECKPOINT if source is None else source)
-        if model.architecture["n_classes"] != len(SUPERCLASSES):
-            raise UserError(f"{source}: the model has {model.architecture['n_classes']} outputs; ptbxl needs 5")
-        return model
+    def model_sizes(self) -> dict[str, Any]:
+        """The five superclasses (the model family checks a checkpoint against them)."""
+        return {"n_classes": len(SUPERCLASSES)}
 
     def prepare(
         self, model: nn.Module, raw: EcgSplits, train_size: int, val_size: int, seed: int
@@ -318,10 +275,9 @@ class PtbXl(Task):
         return [plots.roc_curves(evaluations, SUPERCLASSES, out_dir), plots.confusion_tables(evaluations, out_dir)]
 
     # -- batch prediction ------------------------------------------------------------------------
-    def predict_folder(
-        self, model: nn.Module, folder: Path, state: Mapping[str, Any]
-    ) -> tuple[list[str], list[dict[str, Any]]]:
-        """Score every WFDB record (``*.hea``, recursively) of ``folder``: (CSV columns, one row per record).
+    def predict_folder(self, model: nn.Module, folder: Path, state: Mapping[str, Any]) -> Predictions:
+        """Score every WFDB record (``*.hea``, recursively) of ``folder``: one row per record, and the classes and
+        thresholds as facts of the record.
 
         A bad record gets ``status`` "error: <why>" and empty scores; the others go on.
         """
@@ -348,12 +304,7 @@ class PtbXl(Task):
             row.update({f"p_{c}": f"{p[k]:.6f}" for k, c in enumerate(classes)})
             row.update({f"label_{c}": int(p[k] >= thresholds[k]) for k, c in enumerate(classes)})
             rows.append(row)
-        return columns, rows
-
-    def model_files(self, source: str | Path | None) -> list[Path]:
-        """The base model's files (for the hashes in ``predictions.json``)."""
-        path = Path(source) if source is not None else SHIPPED_CHECKPOINT
-        return [path, path.with_suffix(".json")]
+        return Predictions(columns, rows, {"thresholds": state.get("thresholds"), "classes": classes})
 
     # -- data commands ---------------------------------------------------------------------------
     def info(self, data: str | Path | None) -> str:

@@ -30,9 +30,10 @@ from workbench.domains.features import plots
 from workbench.domains.features.covariate_shift import make_covariate_shift
 from workbench.domains.features.partial_da import make_partial_da
 from workbench.domains.features.readers import FeatureSet, ShiftProblem, read_feature_pair
-from workbench.models.mlp import FeatureNet, load_feature_net
+from workbench.models.mlp import FeatureNet
 
 from workbench.errors import UserError
+from workbench.metrics import classification_scores
 from workbench.options import Option
 from workbench.registry import tasks
 from workbench.task import Evaluation, Task, TaskData
@@ -68,8 +69,11 @@ class FeatureShift(Task):
     )
     card = "features-generated"
     reads = ("features",)
-    model_family = "mlp"
+    requires = ("sklearn", "ot", "pandas")
+    extra = "shift"
+    default_model = "mlp"
     default_method = "warmpot"
+    capabilities = frozenset({"sample_losses", "sample_ids", "sample_inputs", "class_labels", "embed", "target_pool"})
     baselines = ("pada", "full", "oracle")
     metrics = ("accuracy", "balanced_accuracy", "macro_f1")
     metrics_note = (
@@ -78,6 +82,11 @@ class FeatureShift(Task):
         "on classes absent from the target."
     )
     defaults = {"epochs": 60, "batch_size": 64, "train_size": 800, "patience": 20, "learning_rate": 1e-3}
+    examples = (
+        "workbench adapt --domain features --method warmpot      # partial DA: a target site lacking classes",
+        "workbench adapt --domain features --method dre-pp       # covariate shift: importance weights",
+        "workbench data generate features --out my_problem --problem partial-da",
+    )
     options = (
         Option(
             "problem",
@@ -137,23 +146,20 @@ class FeatureShift(Task):
         except ValueError:
             raise UserError(f"--hidden must be comma-separated integers (e.g. 64,64) or '', got {text!r}") from None
 
-    def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
+    def model_sizes(self) -> dict[str, Any]:
         if self.problem is None:
             raise RuntimeError("read() comes before load_model() for the features task")
         problem = self.problem
-        if source is not None:
-            model = load_feature_net(source)
-            expected = (problem.source.features.shape[1], problem.n_outputs)
-            found = (model.architecture["in_features"], model.architecture["n_outputs"])
-            if found != expected:
-                raise UserError(
-                    f"{source}: the model maps {found[0]} features to {found[1]} outputs; the data needs "
-                    f"{expected[0]} -> {expected[1]}"
-                )
-            model.pretrained = True
-            return model
-        model = FeatureNet(problem.source.features.shape[1], problem.n_outputs, self._hidden(problem.kind))
-        model.pretrained = False
+        return {
+            "in_features": problem.source.features.shape[1],
+            "n_outputs": problem.n_outputs,
+            "hidden": self._hidden(problem.kind),
+        }
+
+    def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
+        """The registered model (fresh: trained on the source in `prepare`) or a checkpoint (used as it is)."""
+        model = super().load_model(source, trust_checkpoint)
+        model.pretrained = self.model_choice(source)[1] is not None
         return model
 
     def prepare(
@@ -310,8 +316,9 @@ class FeatureShift(Task):
                 lines.append(f"ground truth {key}: {np.asarray(value).tolist()}")
         return "\n".join(lines)
 
-    def generate(self, out: Path, seed: int = 0) -> str:
+    def generate(self, out: Path, seed: int | None = None) -> str:
         """Write the generated problem as ``source.npz`` / ``target.npz`` (the ``features`` layout)."""
+        seed = 0 if seed is None else seed
         problem = generated_problem(self.config["problem"], self.config["dim"], seed)
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -335,19 +342,6 @@ def _samples(domain: FeatureSet, index: np.ndarray, start: int) -> list[FeatureS
         FeatureSample(domain.features[i], -1 if labels is None else labels[i].item(), start + k)
         for k, i in enumerate(index)
     ]
-
-
-def classification_scores(truth: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
-    """Accuracy, balanced accuracy and macro F1 over the classes present in ``truth``."""
-    from sklearn.metrics import f1_score
-
-    classes = np.unique(truth)
-    recalls = [float(np.mean(predicted[truth == c] == c)) for c in classes]
-    return {
-        "accuracy": float(np.mean(predicted == truth)),
-        "balanced_accuracy": float(np.mean(recalls)),
-        "macro_f1": float(f1_score(truth, predicted, labels=classes, average="macro", zero_division=0)),
-    }
 
 
 def domain_auroc(source: np.ndarray, target: np.ndarray, seed: int = 0) -> float:

@@ -15,12 +15,13 @@ train on and only score the result on the test sample: accuracy and macro F1 ove
 nodes, ``source_accuracy`` on the held-out source nodes beside them, and in ``metrics.json`` the target's
 edge homophily under the model's *predicted* labels (``predicted_target_homophily``).
 
-Base model and "before": the task's base model is a `GraphNet` with HGDA's mixed-filter encoder,
-freshly initialised from the seed (or ``--model``, a saved `GraphNet`). The "before" row scores that
-model untrained — chance level, a sanity line, not a source-trained model. Every method then trains
-from the same base for the same number of full-graph epochs: ``homophily`` and ``mixed-filters`` keep
-its mixed-filter encoder, ``gcn`` / ``udagcn`` / ``mlp`` replace it in place with a fresh encoder of
-their kind (same sizes, same head), so the comparison is between recipes at equal training budget.
+Base model and "before": the task's base model is the registered ``gnn`` model, a `GraphNet` with HGDA's
+mixed-filter encoder, freshly initialised from the seed (``--model gcn`` or ``graph-mlp`` picks another
+registered encoder, ``--model FILE`` a saved `GraphNet`). The "before" row scores that model untrained —
+chance level, a sanity line, not a source-trained model. Every method then trains for the same number of
+full-graph epochs: ``homophily`` and ``mixed-filters`` on the mixed-filter model, and the baselines
+``full@gcn``, ``full@graph-mlp`` (source-only GCN and MLP) and ``udagcn@gcn`` on fresh models of those
+kinds with the same sizes, so the comparison is between recipes at equal training budget.
 
 Shapes:
     source graph x (n_S, d), target graph x (n_T, d) → logits (n_S, C), (n_T, C)
@@ -33,16 +34,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from workbench.domains.graphs.csbm import CSBMSettings, make_csbm_pair
 from workbench.domains.graphs.graph import Graph, describe, homophily
 from workbench.domains.graphs.readers import GraphPair, read_graph_pair
-from workbench.models.graph import GraphNet, load_graph_net
+from workbench.models.graph import GraphNet
 
 from workbench.errors import UserError
+from workbench.metrics import classification_scores
 from workbench.options import Option
 from workbench.registry import tasks
 from workbench.task import Evaluation, Task, TaskData
@@ -102,9 +103,12 @@ class CSBMTask(Task):
     description = "Node classification across graphs whose homophily differs (generated CSBM, or citation/airport)"
     card = "csbm"
     reads = ("graph-da",)
-    model_family = "gnn"
+    requires = ("torch_geometric", "sklearn")
+    extra = "graphs"
+    default_model = "gnn"
     default_method = "homophily"
-    baselines = ("mixed-filters", "gcn", "mlp", "udagcn")
+    capabilities = frozenset({"target_pool"})
+    baselines = ("mixed-filters", "full@gcn", "full@graph-mlp", "udagcn@gcn")
     metrics = ("accuracy", "macro_f1", "source_accuracy")
     metrics_note = (
         "accuracy, macro_f1: on the target graph's labelled nodes (never seen in training); source_accuracy: on "
@@ -112,6 +116,11 @@ class CSBMTask(Task):
         "(chance level): every method trains from scratch for the same epochs."
     )
     defaults = {"epochs": 100, "batch_size": 1, "train_size": 1, "val_size": 1, "patience": 100, "learning_rate": 1e-2}
+    examples = (
+        "workbench adapt --domain csbm                           # homophily alignment (HGDA) + graph baselines",
+        "workbench adapt --domain csbm --data ~/citation --source-graph acmv9 --target-graph dblpv7",
+        "workbench data info csbm --target-homophily 0.2",
+    )
     options = (
         Option("source_homophily", float, 0.8, "edge homophily of the generated source graph"),
         Option("target_homophily", float, 0.5, "edge homophily of the generated target graph"),
@@ -181,27 +190,16 @@ class CSBMTask(Task):
         self.pair = pair
         return pair
 
-    def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
+    def model_sizes(self) -> dict[str, Any]:
         if self.pair is None:
             raise RuntimeError("read() comes before load_model() for the csbm task")
-        in_features = self.pair.source_graph.x.shape[1]
-        if source is not None:
-            model = load_graph_net(source)
-            found = (model.architecture["in_features"], model.architecture["n_classes"])
-            if found != (in_features, self.n_classes):
-                raise UserError(
-                    f"{source}: the model maps {found[0]} features to {found[1]} classes; the data needs "
-                    f"{in_features} -> {self.n_classes}"
-                )
-            return model
-        return GraphNet(
-            in_features,
-            self.n_classes,
-            self.config["hidden_channels"],
-            layers=2,
-            encoder="mixed",
-            dropout=self.config["dropout"],
-        )
+        return {
+            "in_features": self.pair.source_graph.x.shape[1],
+            "n_classes": self.n_classes,
+            "hidden_channels": self.config["hidden_channels"],
+            "layers": 2,
+            "dropout": self.config["dropout"],
+        }
 
     def prepare(
         self, model: nn.Module, raw: GraphPair, train_size: int, val_size: int, seed: int
@@ -323,12 +321,13 @@ class CSBMTask(Task):
             lines.append(f"generator settings: {asdict(self.settings())}")
         return "\n".join(lines)
 
-    def generate(self, out: Path, seed: int = 0) -> str:
+    def generate(self, out: Path, seed: int | None = None) -> str:
         """Write the generated pair as PyG ``Data`` files ``source.pt`` / ``target.pt`` (read back with --data)."""
         from torch_geometric.data import Data
 
         from workbench.checkpoint import atomic_path
 
+        seed = 0 if seed is None else seed
         source, target = make_csbm_pair(self.settings(), seed)
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -340,16 +339,3 @@ class CSBMTask(Task):
             f"wrote {out}/source.pt and target.pt (CSBM, edge homophily {h[0]:.3f} → {h[1]:.3f}, seed {seed}); "
             f"read with --data {out} --source-graph source --target-graph target"
         )
-
-
-def classification_scores(truth: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
-    """Accuracy, balanced accuracy and macro F1 over the classes present in ``truth``."""
-    from sklearn.metrics import f1_score
-
-    classes = np.unique(truth)
-    recalls = [float(np.mean(predicted[truth == c] == c)) for c in classes]
-    return {
-        "accuracy": float(np.mean(predicted == truth)),
-        "balanced_accuracy": float(np.mean(recalls)),
-        "macro_f1": float(f1_score(truth, predicted, labels=classes, average="macro", zero_division=0)),
-    }

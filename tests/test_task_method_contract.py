@@ -1,0 +1,104 @@
+"""Every task × every method, driven by the registries: a method that says it applies to a task (its ``check``
+passes on the task's data and model) runs one tiny epoch end to end and writes a valid run directory; one that
+does not is refused with a clear message before the run directory appears. The table below is what each task
+claims today — a change of claims must show up here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import write_rmd17_layout
+
+import workbench
+from workbench.errors import UserError
+from workbench.registry import methods, tasks
+
+#: task -> the methods that apply to its default model and data.
+APPLIES = {
+    "rmd17": {"elora", "full", "readout", "mace-lora"},
+    "ptbxl": {"full", "readout", "lora", "htuning", "distill"},
+    "csbm": {"full", "readout", "homophily", "mixed-filters", "udagcn"},
+    "features": {
+        "full",
+        "readout",
+        "warmpot",
+        "pada",
+        "oracle",
+        "dre-pp",
+        "dre-ulsif",
+        "dre-kliep",
+        "dre-logistic",
+    },
+}
+
+#: One tiny epoch per task (on the embedded data or a cut of it).
+TINY = {
+    "rmd17": {"epochs": 1, "train_size": 5, "val_size": 2, "batch_size": 5},
+    "ptbxl": {"epochs": 1, "train_size": 8, "val_size": 8, "batch_size": 8, "epochs_factor": 1},
+    "csbm": {"epochs": 1, "nodes": 200},
+    "features": {"epochs": 1, "train_size": 200, "val_size": 50, "pretrain_epochs": 10},
+}
+
+
+@pytest.fixture(scope="module")
+def rmd17_data(tmp_path_factory):
+    return str(write_rmd17_layout(tmp_path_factory.mktemp("rmd17") / "rmd17", n_frames=30, n_train=20))
+
+
+def settings(task: str, method: str, rmd17_data: str) -> dict:
+    tiny = dict(TINY[task])
+    method_options = (
+        {"epochs_factor": tiny.pop("epochs_factor")} if "epochs_factor" in tiny and method == "distill" else {}
+    )
+    tiny.pop("epochs_factor", None)
+    if task == "rmd17":
+        tiny["data"] = rmd17_data
+    return {**tiny, "method_options": method_options, "baselines": [], "quiet": True}
+
+
+def claims(task_name: str, rmd17_data: str) -> set[str]:
+    """The methods whose ``check`` passes on the task's data and default model (what `adapt` runs first)."""
+    task = tasks.get(task_name)(**{k: v for k, v in TINY[task_name].items() if k in ("nodes", "pretrain_epochs")})
+    task.progress = False
+    raw = task.read(rmd17_data if task_name == "rmd17" else None, 0)
+    model = task.load_model(None)
+    tiny = TINY[task_name]
+    data, _ = task.prepare(model, raw, tiny.get("train_size", 1), tiny.get("val_size", 1), 0)
+    applies = set()
+    for name in methods.names():
+        try:
+            methods.get(name)().check(task, data, model)
+        except UserError as error:
+            assert str(error), name  # refused with a message
+        else:
+            applies.add(name)
+    return applies
+
+
+def test_every_task_has_a_row():
+    assert set(APPLIES) == set(tasks.names()) == set(TINY)
+
+
+@pytest.mark.parametrize("task", sorted(APPLIES))
+def test_claims_match_the_table_and_refusals_leave_nothing(task, rmd17_data, tmp_path):
+    assert claims(task, rmd17_data) == APPLIES[task]
+    refused = sorted(set(methods.names()) - APPLIES[task])[0]
+    out = tmp_path / "refused"
+    with pytest.raises(UserError, match=refused):
+        workbench.adapt(task, refused, out=str(out), **settings(task, refused, rmd17_data))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("task, method", sorted((t, m) for t, names in APPLIES.items() for m in names))
+def test_an_applicable_pair_runs_one_tiny_epoch(task, method, rmd17_data, tmp_path):
+    out = tmp_path / "run"
+    run = workbench.adapt(task, method, out=str(out), **settings(task, method, rmd17_data))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["task"] == task and metrics["method"] == method and metrics["costs"][method]["epochs"] >= 1
+    assert metrics["after"] and all(value == value for value in metrics["after"].values())  # scored, no NaN
+    for name in ("config.yaml", "adapter.safetensors", "adapter.json", "report.md", "log.txt"):
+        assert (out / name).is_file(), name
+    assert not (out / "checkpoints").exists()
+    assert isinstance(run.model, torch.nn.Module)  # rebuilt from the run directory's files (`Run.load`)
