@@ -49,7 +49,7 @@ from torch.nn.utils import parametrize
 from workbench.adaptation.lora import lora_layers
 from workbench.domains.ecg.preprocess import LEADS
 
-from workbench.checkpoint import load_model, save_model
+from workbench.checkpoint import check_architecture, load_model, save_model, saved_model_files
 from workbench.errors import UserError
 from workbench.model import ModelFamily, ModelSpec, SignalSpec
 from workbench.registry import models
@@ -372,13 +372,8 @@ class ECGFamily(ModelFamily):
         """The checkpoint at ``source`` (the shipped teacher when None) in float32; ``sizes`` it knows
         (``n_leads``, ``n_classes``, ``n_samples``) must match its architecture, others are not its concern."""
         model = load_ecg_model(SHIPPED_CHECKPOINT if source is None else source).to(torch.float32)
-        architecture = model.architecture
-        wrong = {k: (v, architecture[k]) for k, v in sizes.items() if k in ECG_SIZES and architecture[k] != v}
-        if wrong:
-            found = ", ".join(f"{k} {have} (the data needs {need})" for k, (need, have) in wrong.items())
-            raise UserError(f"{source or SHIPPED_CHECKPOINT}: the model has {found}")
+        check_architecture(source or SHIPPED_CHECKPOINT, model.architecture, sizes, ECG_SIZES)
         return model
 
     def files(self, source=None) -> list[Path]:
-        path = Path(source) if source is not None else SHIPPED_CHECKPOINT
-        return [path, path.with_suffix(".json")]
+        return saved_model_files(SHIPPED_CHECKPOINT if source is None else source)

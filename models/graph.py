@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.checkpoint import load_model, save_model
+from workbench.checkpoint import check_architecture, load_model, save_model, saved_model_files
 from workbench.errors import UserError
 from workbench.model import ModelFamily, ModelSpec
 from workbench.registry import models
@@ -237,17 +237,11 @@ class GraphFamily(ModelFamily):
                 raise UserError(f"the {self.name} model ships no pretrained checkpoint; build one for a graph's sizes")
             return GraphNet(**sizes, encoder=self.encoder)
         model = load_graph_net(source)
-        expected = (sizes.get("in_features"), sizes.get("n_classes"))
-        found = (model.architecture["in_features"], model.architecture["n_classes"])
-        if None not in expected and found != expected:
-            raise UserError(
-                f"{source}: the model maps {found[0]} features to {found[1]} classes; the data needs "
-                f"{expected[0]} -> {expected[1]}"
-            )
+        check_architecture(source, model.architecture, sizes, ("in_features", "n_classes"))
         return model
 
     def files(self, source=None) -> list[Path]:
-        return [] if source is None else [Path(source), Path(source).with_suffix(".json")]
+        return [] if source is None else saved_model_files(source)
 
 
 @models.register

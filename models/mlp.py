@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from workbench.checkpoint import load_model, save_model
+from workbench.checkpoint import check_architecture, load_model, save_model, saved_model_files
 from workbench.errors import UserError
 from workbench.model import ModelFamily, ModelSpec
 from workbench.registry import models
@@ -94,14 +94,8 @@ class MLPFamily(ModelFamily):
                 raise UserError("the mlp family ships no pretrained checkpoint; build one for a task's data")
             return FeatureNet(sizes["in_features"], sizes["n_outputs"], sizes.get("hidden", (64, 64)))
         model = load_feature_net(source)
-        expected = (sizes.get("in_features"), sizes.get("n_outputs"))
-        found = (model.architecture["in_features"], model.architecture["n_outputs"])
-        if None not in expected and found != expected:
-            raise UserError(
-                f"{source}: the model maps {found[0]} features to {found[1]} outputs; the data needs "
-                f"{expected[0]} -> {expected[1]}"
-            )
+        check_architecture(source, model.architecture, sizes, ("in_features", "n_outputs"))
         return model
 
     def files(self, source=None) -> list[Path]:
-        return [] if source is None else [Path(source), Path(source).with_suffix(".json")]
+        return [] if source is None else saved_model_files(source)

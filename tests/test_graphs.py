@@ -122,7 +122,7 @@ def test_each_encoder_is_a_registered_model_of_the_graph_sizes(tmp_path):
         assert model.kind == kind and model(graph).shape == (300, 3)
         assert model.workbench_spec.family == "gnn" and model.workbench_spec.head == "head"
     save_graph_net(model, tmp_path / "m.safetensors")
-    with pytest.raises(UserError, match="maps 6 features to 3 classes; the data needs 6 -> 4"):
+    with pytest.raises(UserError, match="the model has n_classes 3 \\(the data needs 4\\)"):
         models.get("gnn")().load(tmp_path / "m.safetensors", in_features=6, n_classes=4)
 
 

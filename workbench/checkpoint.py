@@ -7,7 +7,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from safetensors import safe_open
@@ -126,6 +126,22 @@ def check_state_fits(
             raise UserError(
                 f"{source}: tensor '{name}': expected shape {tuple(expected[name].shape)}, found {tuple(value.shape)}"
             )
+
+
+def check_architecture(
+    source: str | Path, architecture: Mapping[str, Any], sizes: Mapping[str, Any], keys: Sequence[str]
+) -> None:
+    """A loaded checkpoint fits the sizes the data fixes: every one of ``keys`` given in ``sizes`` equals the
+    architecture's (a `UserError` naming each that does not)."""
+    wrong = {k: (sizes[k], architecture[k]) for k in keys if k in sizes and architecture[k] != sizes[k]}
+    if wrong:
+        found = ", ".join(f"{k} {have} (the data needs {need})" for k, (need, have) in wrong.items())
+        raise UserError(f"{source}: the model has {found}")
+
+
+def saved_model_files(path: str | Path) -> list[Path]:
+    """The two files of a model saved by `save_model`: the weights and the architecture beside them."""
+    return [Path(path), Path(path).with_suffix(".json")]
 
 
 def save_model(model: torch.nn.Module, path: str | Path, kind: str) -> None:
