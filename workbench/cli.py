@@ -97,10 +97,11 @@ def _given_options(args: argparse.Namespace, owners: dict[str, tuple[str, Sequen
 
 
 def build_parser() -> argparse.ArgumentParser:
+    examples = _examples()
     parser = argparse.ArgumentParser(
         prog="workbench",
         description="Adapt pretrained scientific models to your data.",
-        epilog=_examples(),
+        epilog=examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -110,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     adapt = commands.add_parser(
         "adapt",
         help="adapt a pretrained model (chosen method + baselines)",
-        epilog=_examples(),
+        epilog=examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for parameter in RunRequest.parameters():
