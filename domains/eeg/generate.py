@@ -1,0 +1,791 @@
+"""Synthetic EEG written as real EDF files in Sleep-EDF's and EEGMMIDB's layouts (cards sleep-edf-synthetic,
+motor-imagery-synthetic).
+
+Both sets are sums of a few physiological generators on top of 1/f background noise, built from white Gaussian
+noise with numpy's FFT and scipy's filters; amplitudes are in µV, times in s.
+
+Building blocks (n samples at rate fs):
+
+* 1/f noise: ``pink(n) = irfft(rfft(w) · max(f, f₀)^(−β/2))`` of white noise w (Timmer & König 1995), f₀ = 0.5 Hz,
+  scaled to unit RMS; its power spectrum falls as 1/f^β.
+* band noise: ``band(f₁, f₂) = sosfiltfilt(butter(2, [f₁, f₂]), w)``, unit RMS — a rhythm whose spectral peak
+  sits at ≈ √(f₁f₂).
+* per-epoch gains are piecewise constant and ramp linearly over ±1 s around each 30 s boundary (`_epoch_gain`).
+
+Sleep (Sleep-EDF Expanded, sleep-cassette; `simulate_night`), per 30 s epoch of stage W, 1, 2, 3, 4, R
+(and ``?``, scored as W; ``M``, movement time)::
+
+    EEG(t) = Σ_c g_c,ch · G_c(stage(t)) · A_c · band_c(t)            c ∈ alpha, beta, theta, delta background
+             + B · pink(t) + spindles + K-complexes + slow waves + sawtooth waves + movement artefact
+
+with the subject's amplitudes A_c [µV RMS] (`SleepSubject`), channel gains g (Fpz-Cz, Pz-Oz) and stage gains G:
+
+    =========  ============  =====  =====  =====  =====  =====  =====
+    component  band [Hz]     W      1      2      3      4      R
+    =========  ============  =====  =====  =====  =====  =====  =====
+    alpha      f_α ± 1       1      0.3    0.08   0.05   0.05   0.2     g = (0.35, 1)
+    beta       15–30         1      0.6    0.4    0.3    0.3    0.7     g = (1, 0.8)
+    theta      4–7           0.35   1      0.8    0.6    0.6    0.8     g = (1, 0.8)
+    delta bg   0.5–2         0.3    0.5    0.8    1      1      0.4     g = (1, 0.6)
+    =========  ============  =====  =====  =====  =====  =====  =====
+
+* wake: alpha at the subject's peak f_α ∈ 8.5–11.5 Hz, strongest at Pz-Oz, plus beta; N1: theta, alpha fading;
+* sleep spindles (N2: 2–5 per epoch; N3: 0–2): ``A_σ·u·sin²(π(t−t₀)/d)·sin(2πf(t−t₀)+φ)``, f = f_σ + N(0, 0.3)
+  clipped to 11–15 Hz (f_σ ∈ 12–14 Hz per subject), d ∈ 0.5–2 s (waxing-waning), u ∈ 0.7–1.3; g = (1, 0.7);
+* K-complexes (N2: 1–3 per epoch; stage 3: 0–1), biphasic, duration D ∈ 0.5–1 s:
+  ``K(t) = A_K·v·[−exp(−(t−0.25D)²/2(0.1D)²) + 0.6·exp(−(t−0.6D)²/2(0.15D)²)]``, v ∈ 0.8–1.25 (≥ 75 µV
+  peak-to-peak: A_K ≥ 60 µV), followed by a spindle with probability 0.3; g = (1, 0.4), EOG 0.3;
+* slow waves (N3, and up to 10 % of an N2 epoch): whole cycles ``−(a/2)·sin(2π(t−t₀)/T)``, T ∈ 0.6–1.8 s
+  (0.55–1.7 Hz), peak-to-peak a = A_δ·U(0.85, 1.4) ≥ 76 µV at Fpz-Cz, covering a fraction of the epoch drawn
+  from 0.25–0.45 (stage 3, R&K: 20–50 %), 0.55–0.8 (stage 4, R&K: > 50 %), 0–0.1 (stage 2); g = (1, 0.5), EOG 0.3;
+* REM: low-amplitude mixed activity (the table), 1–2 bursts of 3–6 sawtooth waves per epoch
+  (``scipy.signal.sawtooth(2πft, 0.8)`` at f ∈ 2–5 Hz under a Hann window, A_saw peak), g = (1, 0.5);
+* EOG horizontal: eye position p(t) as a sum of smooth steps ``s·½(1 + tanh((t − t₀)/τ))`` — wake saccades
+  (every 0.8–3 s, s ∈ ±20–80 µV, τ = 15 ms), N1 slow eye movements (1–2 per epoch, excursions
+  ``s·sin²(π(t−t₀)/d)``, d ∈ 2–6 s, s ∈ ±50–120 µV), REM rapid eye movements (1–3 bursts of 2–6 saccades
+  0.3–1 s apart, s ∈ ±50–150 µV, τ = 15 ms) — AC-coupled as an amplifier is (first-order high-pass at
+  0.16 Hz), plus frontal EEG leakage (slow waves, K-complexes, × 0.3) and 2 µV white noise;
+* movement time: 60 µV band(0.5–3) + 15 µV band(20–45) on every 100 Hz channel;
+* the 1 Hz channels (written at 1 Hz, as the real files): ``EMG submental`` [µV] the chin EMG's RMS, A_EMG ×
+  (W 1, 1 0.7, 2 0.5, 3/4 0.45, R 0.15, M 4) × lognormal(0, 0.15) per sample; ``Resp oro-nasal`` a breathing
+  sinusoid of 0.22–0.28 Hz sampled at 1 Hz (aliased, as the real channel is), amplitude 500 ± noise, no unit;
+  ``Temp rectal`` [°C] 37.0–37.3 falling by 0.3 over the sleep; ``Event marker`` all zeros.
+
+Motor imagery (PhysioNet EEGMMIDB, runs 4/8/12: T1 left fist, T2 right fist; 6/10/14: T1 both fists, T2 both
+feet; `simulate_run`): three sensorimotor sources (C3: right hand, C4: left hand, Cz: feet) carry a mu rhythm
+band(f_μ ± 1) (f_μ ∈ 9–12.5 Hz per subject; Cz × 0.6) and a beta rhythm band(f_β ± 3) (f_β ∈ 17–23 Hz, × 0.4),
+slowly modulated by exp(0.25·z(t)) (z: unit-RMS band noise of 0.02–0.2 Hz). During an imagery trial (cue at t_c, 4.1 s)
+a source's rhythm power drops by d·r(t) — event-related desynchronisation (ERD) —
+
+    amplitude × √(1 − d·r(t)),   r: 0 until t_c + 0.3 s, rising linearly to 1 at t_c + 1 s, 1 until the trial
+                                 ends, back to 0 within 1 s;  beta: d × 0.8, then a rebound × (1 + 0.4·Hann)
+                                 over 0.3–1.8 s after the trial,
+
+where d = depth per trial: contralateral hand area full depth, ipsilateral 0.3 × (left fist → C4, right fist → C3);
+both fists → C3 and C4; both feet → Cz, with a surround ERS (d = −0.2) at C3 and C4. Per trial
+d = D_s · U(0.5, 1.5) clipped to 0.95, and 0 in a lapse (the subject did not imagine; probability L_s). Every
+one of 9 source sites (the channel positions) adds its own 1/f background (5 µV), and a posterior alpha source
+(at Pz, f_μ − 0.5 ± 1 Hz, 3–8 µV, unrelated to the task) mixes in. Volume conduction: channel i sees source j
+with weight exp(−‖x_i − x_j‖²/2λ²) (positions x [cm]: `POSITIONS_CM`, MNE's standard_1020; λ ∈ 2–3.2 cm per
+subject). Then each channel adds its own 1/f noise N_s and 0.5 µV white noise. ``difficulty`` ∈ [0, 1] sets
+the mean ERD depth 0.75 − 0.6·difficulty and the sensor noise 2·(1 + 2·difficulty) µV (subject factors
+lognormal(0, 0.3) and lognormal(0, 0.2)); `DEFAULT_DIFFICULTY` is tuned so that log mu/beta band power at every
+channel + logistic regression, cross-validated across subjects, is well below 100 % on left vs right fist.
+
+Files (edfio, EDF/EDF+; physical unit µV for EEG, EOG and EMG): ``sleep-cassette/SC4ssNE0-PSG.edf`` (plain EDF,
+30 s data records: 3000 samples of each 100 Hz channel, 30 of each 1 Hz channel) + ``SC4ssNx-Hypnogram.edf``
+(annotation-only EDF+, runs of equal stages merged, as the real files); ``Sss/SsssRrr.edf`` (EDF+ at 160 Hz,
+1 s data records, T0 rest 4.2 s and T1/T2 imagery 4.1 s alternating). Each folder gets a ``generator.json``
+(seed, versions, per-subject recipes) and is written beside its destination and moved in at the end (atomic).
+Deterministic: sleep subject k uses ``numpy.random.SeedSequence([seed, 1, k, 0])`` for its recipe and
+``[seed, 1, k, 1]`` for its signals; motor-imagery subject k ``[seed, 2, k, 0]`` and ``[seed, 2, k, run]``.
+
+Shapes: a night (n_epochs · 3000,) per 100 Hz channel, (n_epochs · 30,) per 1 Hz channel [µV, °C];
+a run (9, n_seconds · 160) [µV].
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.signal import butter, sawtooth, sosfilt, sosfiltfilt
+from tqdm import tqdm
+
+from workbench.errors import UserError
+
+# ---------------------------------------------------------------- sleep (Sleep-EDF Expanded, sleep cassette)
+
+PSG_RATE_HZ = 100
+EPOCH_S = 30
+#: The sleep-cassette PSG channels: label -> (rate [Hz], physical dimension, physical range).
+PSG_CHANNELS: dict[str, tuple[int, str, tuple[float, float]]] = {
+    "EEG Fpz-Cz": (100, "uV", (-500.0, 500.0)),
+    "EEG Pz-Oz": (100, "uV", (-500.0, 500.0)),
+    "EOG horizontal": (100, "uV", (-1000.0, 1000.0)),
+    "Resp oro-nasal": (1, "", (-2048.0, 2047.0)),
+    "EMG submental": (1, "uV", (-5.0, 500.0)),
+    "Temp rectal": (1, "DegC", (34.0, 40.0)),
+    "Event marker": (1, "", (-2048.0, 2047.0)),
+}
+#: Hypnogram letter -> annotation text in the real files' ``SC4ssNx-Hypnogram.edf``.
+STAGE_TEXT = {
+    "W": "Sleep stage W",
+    "1": "Sleep stage 1",
+    "2": "Sleep stage 2",
+    "3": "Sleep stage 3",
+    "4": "Sleep stage 4",
+    "R": "Sleep stage R",
+    "?": "Sleep stage ?",
+    "M": "Movement time",
+}
+#: Scorer letters of the hypnogram file names, cycled over subjects (the real set mixes C, H, J, V, ...).
+SCORERS = "CHJVWM"
+#: Stage gains G of the continuous rhythms (module docstring table); ``?`` is scored as wake, ``M`` as wake.
+STAGE_GAINS: dict[str, dict[str, float]] = {
+    "alpha": {"W": 1.0, "1": 0.3, "2": 0.08, "3": 0.05, "4": 0.05, "R": 0.2},
+    "beta": {"W": 1.0, "1": 0.6, "2": 0.4, "3": 0.3, "4": 0.3, "R": 0.7},
+    "theta": {"W": 0.35, "1": 1.0, "2": 0.8, "3": 0.6, "4": 0.6, "R": 0.8},
+    "delta": {"W": 0.3, "1": 0.5, "2": 0.8, "3": 1.0, "4": 1.0, "R": 0.4},
+}
+BANDS_HZ = {"beta": (15.0, 30.0), "theta": (4.0, 7.0), "delta": (0.5, 2.0)}
+#: Channel gains (Fpz-Cz, Pz-Oz) of each generator.
+CHANNEL_GAINS = {
+    "alpha": (0.35, 1.0),
+    "beta": (1.0, 0.8),
+    "theta": (1.0, 0.8),
+    "delta": (1.0, 0.6),
+    "spindle": (1.0, 0.7),
+    "kcomplex": (1.0, 0.4),
+    "slow_wave": (1.0, 0.5),
+    "sawtooth": (1.0, 0.5),
+}
+#: Fraction of the epoch covered by slow waves (uniform range) per stage.
+SLOW_WAVE_COVERAGE = {"2": (0.0, 0.1), "3": (0.25, 0.45), "4": (0.55, 0.8)}
+EMG_STAGE_GAIN = {"W": 1.0, "?": 1.0, "1": 0.7, "2": 0.5, "3": 0.45, "4": 0.45, "R": 0.15, "M": 4.0}
+#: The compressed night: (stage, (fewest, most) epochs) blocks; W → N1 → N2 → N3 → N2 → REM → N1 → W.
+NIGHT_BLOCKS = (("W", (2, 3)), ("1", (1, 2)), ("2", (3, 3)), ("3", (1, 2)), ("4", (2, 2)), ("2", (2, 2)),
+                ("R", (3, 4)), ("1", (1, 1)), ("W", (2, 2)))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SleepSubject:
+    """One sleep-cassette subject's night: its hypnogram and the amplitudes of its generators.
+
+    Args:
+        subject: Sleep-EDF subject number ss (file ``SC4ssNE0-PSG.edf``); night: N (1 or 2).
+        hypnogram: one letter per 30 s epoch, W 1 2 3 4 R ? M (`STAGE_TEXT`).
+        scorer: the hypnogram file's letter x (``SC4ssNx-Hypnogram.edf``).
+        alpha_hz: wake alpha peak [Hz]; spindle_hz: mean spindle frequency [Hz].
+        alpha_uv, beta_uv, theta_uv, delta_uv, background_uv: RMS of alpha, beta, theta, delta background and
+            1/f background at channel gain 1 [µV]; background_exponent: β of the 1/f^β background.
+        spindle_uv: spindle peak amplitude [µV]; kcomplex_uv: K-complex negative peak A_K [µV];
+        slow_wave_uv: slow-wave peak-to-peak scale A_δ [µV]; sawtooth_uv: sawtooth peak amplitude [µV].
+        emg_uv: wake chin-EMG RMS [µV]; temperature_c: rectal temperature at lights off [°C];
+        breathing_hz: respiration rate [Hz]; start: recording start (date, time) as ISO strings.
+    """
+
+    subject: int
+    night: int
+    hypnogram: str
+    scorer: str
+    alpha_hz: float
+    spindle_hz: float
+    alpha_uv: float
+    beta_uv: float
+    theta_uv: float
+    delta_uv: float
+    background_uv: float
+    background_exponent: float
+    spindle_uv: float
+    kcomplex_uv: float
+    slow_wave_uv: float
+    sawtooth_uv: float
+    emg_uv: float
+    temperature_c: float
+    breathing_hz: float
+    start: tuple[str, str]
+
+
+def draw_sleep_subjects(n_subjects: int, seed: int) -> tuple[SleepSubject, ...]:
+    """The recipes of subjects 0 … n_subjects − 1 (subject k from ``SeedSequence([seed, 1, k, 0])``).
+
+    The night follows `NIGHT_BLOCKS` with block lengths drawn in their ranges; even subjects get one
+    ``Movement time`` epoch inside the first N2 block, odd subjects one unscored ``Sleep stage ?`` epoch at the end.
+    """
+    if n_subjects < 1 or n_subjects > 20:
+        raise UserError(f"subjects={n_subjects}: expected 1-20 (the sleep cassette numbers subjects 00-19)")
+    recipes = []
+    for k in range(n_subjects):
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 1, k, 0]))
+        blocks = [stage * int(rng.integers(low, high + 1)) for stage, (low, high) in NIGHT_BLOCKS]
+        if k % 2 == 0:
+            blocks[2] = blocks[2][:1] + "M" + blocks[2][1:]
+        hypnogram = "".join(blocks) + ("?" if k % 2 else "")
+        lights_off = datetime.timedelta(days=int(k), minutes=int(rng.integers(0, 90)))
+        start = datetime.datetime(1989, 4, 24, 22, 0) + lights_off
+        recipes.append(
+            SleepSubject(
+                subject=k,
+                night=1,
+                hypnogram=hypnogram,
+                scorer=SCORERS[k % len(SCORERS)],
+                alpha_hz=round(float(rng.uniform(8.5, 11.5)), 2),
+                spindle_hz=round(float(rng.uniform(12.0, 14.0)), 2),
+                alpha_uv=round(float(rng.uniform(10.0, 16.0)), 2),
+                beta_uv=round(float(rng.uniform(2.0, 4.0)), 2),
+                theta_uv=round(float(rng.uniform(6.0, 10.0)), 2),
+                delta_uv=round(float(rng.uniform(6.0, 10.0)), 2),
+                background_uv=round(float(rng.uniform(4.0, 7.0)), 2),
+                background_exponent=round(float(rng.uniform(0.9, 1.3)), 2),
+                spindle_uv=round(float(rng.uniform(18.0, 30.0)), 2),
+                kcomplex_uv=round(float(rng.uniform(60.0, 90.0)), 2),
+                slow_wave_uv=round(float(rng.uniform(90.0, 120.0)), 2),
+                sawtooth_uv=round(float(rng.uniform(15.0, 25.0)), 2),
+                emg_uv=round(float(rng.uniform(8.0, 20.0)), 2),
+                temperature_c=round(float(rng.uniform(37.0, 37.3)), 2),
+                breathing_hz=round(float(rng.uniform(0.22, 0.28)), 3),
+                start=(start.date().isoformat(), start.time().isoformat()),
+            )
+        )
+    return tuple(recipes)
+
+
+def _pink(n: int, fs: float, exponent: float, rng: np.random.Generator, f_min_hz: float = 0.5) -> np.ndarray:
+    """Unit-RMS 1/f^exponent noise (white noise shaped in the Fourier domain). Shapes: returns (n,)."""
+    frequencies = np.fft.rfftfreq(n, 1.0 / fs)
+    spectrum = np.fft.rfft(rng.standard_normal(n)) * np.maximum(frequencies, f_min_hz) ** (-exponent / 2)
+    x = np.fft.irfft(spectrum, n)
+    return x / x.std()
+
+
+def _band(n: int, fs: float, low_hz: float, high_hz: float, rng: np.random.Generator) -> np.ndarray:
+    """Unit-RMS band noise: white noise through a zero-phase order-2 Butterworth band-pass. Shapes: (n,)."""
+    x = sosfiltfilt(butter(2, [low_hz, high_hz], btype="bandpass", fs=fs, output="sos"), rng.standard_normal(n))
+    return x / x.std()
+
+
+def _epoch_gain(values: Sequence[float], fs: float, ramp_s: float = 1.0) -> np.ndarray:
+    """Per-epoch values as a per-sample gain, ramping linearly over ±ramp_s around each boundary. Shapes: (n,)."""
+    knots_t, knots_v = [], []
+    for k, value in enumerate(values):
+        knots_t += [k * EPOCH_S + ramp_s, (k + 1) * EPOCH_S - ramp_s]
+        knots_v += [value, value]
+    t = np.arange(len(values) * EPOCH_S * int(fs)) / fs
+    return np.interp(t, knots_t, knots_v)
+
+
+def _add_at(x: np.ndarray, start: int, wave: np.ndarray) -> None:
+    """x[start : start + len(wave)] += wave, cut at x's end."""
+    stop = min(len(x), start + len(wave))
+    if start < stop:
+        x[start:stop] += wave[: stop - start]
+
+
+def _smooth_steps(n: int, fs: float, times_s: Sequence[float], sizes: Sequence[float], tau_s: float) -> np.ndarray:
+    """Σ s·½(1 + tanh((t − t₀)/τ)): an eye position that jumps by s at each t₀. Shapes: returns (n,)."""
+    t = np.arange(n) / fs
+    position = np.zeros(n)
+    for t0, size in zip(times_s, sizes):
+        lo, hi = int(max(0, (t0 - 10 * tau_s) * fs)), int(min(n, (t0 + 10 * tau_s) * fs))
+        position[lo:hi] += size * 0.5 * (1 + np.tanh((t[lo:hi] - t0) / tau_s))
+        position[hi:] += size
+    return position
+
+
+def _slow_waves(epoch_s: float, coverage: float, scale_uv: float, fs: float, rng: np.random.Generator) -> np.ndarray:
+    """Whole delta cycles (0.6–1.8 s, ≥ 0.85·scale_uv peak-to-peak) covering ``coverage`` of an epoch. Shapes: (n,)."""
+    x = np.zeros(int(epoch_s * fs))
+    on_s = coverage * epoch_s
+    if on_s < 0.6:
+        return x
+    n_segments = 1 if on_s < 8 else 2
+    gaps = rng.dirichlet(np.ones(n_segments + 1)) * (epoch_s - on_s)
+    t = gaps[0]
+    for segment in range(n_segments):
+        end = t + on_s / n_segments
+        while True:
+            period = rng.uniform(0.6, 1.8)
+            if t + period > end + 0.3:
+                break
+            wave_t = np.arange(int(period * fs)) / fs
+            _add_at(x, int(t * fs), -0.5 * scale_uv * rng.uniform(0.85, 1.4) * np.sin(2 * np.pi * wave_t / period))
+            t += period
+        t = end + gaps[segment + 1]
+    return x
+
+
+def _spindle(subject: SleepSubject, fs: float, rng: np.random.Generator) -> np.ndarray:
+    duration = rng.uniform(0.5, 2.0)
+    t = np.arange(int(duration * fs)) / fs
+    frequency = float(np.clip(subject.spindle_hz + rng.normal(0, 0.3), 11.0, 15.0))
+    envelope = np.sin(np.pi * t / duration) ** 2
+    amplitude = subject.spindle_uv * rng.uniform(0.7, 1.3)
+    return amplitude * envelope * np.sin(2 * np.pi * frequency * t + rng.uniform(0, 6.3))
+
+
+def _kcomplex(subject: SleepSubject, fs: float, rng: np.random.Generator) -> np.ndarray:
+    duration = rng.uniform(0.5, 1.0)
+    t = np.arange(int(duration * fs)) / fs
+    shape = -np.exp(-((t - 0.25 * duration) ** 2) / (2 * (0.1 * duration) ** 2)) + 0.6 * np.exp(
+        -((t - 0.6 * duration) ** 2) / (2 * (0.15 * duration) ** 2)
+    )
+    return subject.kcomplex_uv * rng.uniform(0.8, 1.25) * shape
+
+
+def _sawtooth_burst(subject: SleepSubject, fs: float, rng: np.random.Generator) -> np.ndarray:
+    frequency = rng.uniform(2.0, 5.0)
+    t = np.arange(int(rng.integers(3, 7) / frequency * fs)) / fs
+    return subject.sawtooth_uv * np.hanning(len(t)) * sawtooth(2 * np.pi * frequency * t, 0.8)
+
+
+def simulate_night(subject: SleepSubject, seed: int) -> dict[str, np.ndarray]:
+    """The PSG of one subject's night (module docstring), channel label -> samples at the channel's rate.
+
+    Shapes: 100 Hz channels (n_epochs · 3000,) [µV]; 1 Hz channels (n_epochs · 30,) [µV, °C, a.u.].
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 1, subject.subject, 1]))
+    fs, stages = PSG_RATE_HZ, subject.hypnogram
+    scored = ["W" if stage in "?M" else stage for stage in stages]
+    n = len(stages) * EPOCH_S * fs
+    eeg = np.zeros((2, n))
+    amplitudes = {"alpha": subject.alpha_uv, "beta": subject.beta_uv, "theta": subject.theta_uv}
+    amplitudes["delta"] = subject.delta_uv
+    bands = dict(BANDS_HZ, alpha=(subject.alpha_hz - 1.0, subject.alpha_hz + 1.0))
+    for name, amplitude in amplitudes.items():
+        gain = amplitude * _epoch_gain([STAGE_GAINS[name][s] for s in scored], fs)
+        shared = _band(n, fs, *bands[name], rng)
+        for ch in range(2):
+            # alpha is one posterior generator seen by both derivations; the others are local to each
+            rhythm = shared if name == "alpha" else _band(n, fs, *bands[name], rng)
+            eeg[ch] += CHANNEL_GAINS[name][ch] * gain * rhythm
+    for ch in range(2):
+        eeg[ch] += subject.background_uv * _pink(n, fs, subject.background_exponent, rng)
+    transients = np.zeros((4, n))  # spindles, K-complexes, slow waves, sawtooth waves (channel gain 1)
+    eye_times, eye_sizes, eye_excursions = [], [], np.zeros(n)
+    for k, stage in enumerate(stages):
+        start, epoch = k * EPOCH_S, slice(k * EPOCH_S * fs, (k + 1) * EPOCH_S * fs)
+        n_spindles = {"2": (2, 5), "3": (0, 2), "4": (0, 2)}.get(stage, (0, 0))
+        for _ in range(int(rng.integers(n_spindles[0], n_spindles[1] + 1))):
+            _add_at(transients[0], int((start + rng.uniform(0.5, EPOCH_S - 2.5)) * fs), _spindle(subject, fs, rng))
+        n_kcomplexes = {"2": (1, 3), "3": (0, 1)}.get(stage, (0, 0))
+        for _ in range(int(rng.integers(n_kcomplexes[0], n_kcomplexes[1] + 1))):
+            t0 = start + rng.uniform(0.5, EPOCH_S - 3.5)
+            wave = _kcomplex(subject, fs, rng)
+            _add_at(transients[1], int(t0 * fs), wave)
+            if rng.random() < 0.3:
+                _add_at(transients[0], int((t0 + len(wave) / fs) * fs), _spindle(subject, fs, rng))
+        if stage in SLOW_WAVE_COVERAGE:
+            coverage = rng.uniform(*SLOW_WAVE_COVERAGE[stage])
+            transients[2, epoch] += _slow_waves(EPOCH_S, coverage, subject.slow_wave_uv, fs, rng)
+        if stage == "R":
+            for _ in range(int(rng.integers(1, 3))):
+                t0 = start + rng.uniform(0.5, EPOCH_S - 3.5)
+                _add_at(transients[3], int(t0 * fs), _sawtooth_burst(subject, fs, rng))
+            for _ in range(int(rng.integers(1, 4))):  # bursts of rapid eye movements
+                t0 = start + rng.uniform(0.5, EPOCH_S - 6.5)
+                for _ in range(int(rng.integers(2, 7))):
+                    eye_times.append(t0)
+                    eye_sizes.append(rng.choice([-1, 1]) * rng.uniform(50.0, 150.0))
+                    t0 += rng.uniform(0.3, 1.0)
+        elif stage in "W?":
+            t0 = start + rng.uniform(0.0, 1.0)
+            while t0 < start + EPOCH_S - 0.2:  # waking saccades
+                eye_times.append(t0)
+                eye_sizes.append(rng.choice([-1, 1]) * rng.uniform(20.0, 80.0))
+                t0 += rng.uniform(0.8, 3.0)
+        elif stage == "1":
+            for _ in range(int(rng.integers(1, 3))):  # slow eye movements
+                duration = rng.uniform(2.0, 6.0)
+                t = np.arange(int(duration * fs)) / fs
+                size = rng.choice([-1, 1]) * rng.uniform(50.0, 120.0)
+                t0 = start + rng.uniform(0.0, EPOCH_S - duration)
+                _add_at(eye_excursions, int(t0 * fs), size * np.sin(np.pi * t / duration) ** 2)
+    names = ("spindle", "kcomplex", "slow_wave", "sawtooth")
+    for ch in range(2):
+        eeg[ch] += sum(CHANNEL_GAINS[name][ch] * transients[i] for i, name in enumerate(names))
+    position = _smooth_steps(n, fs, eye_times, eye_sizes, tau_s=0.015) + eye_excursions
+    eog = sosfilt(butter(1, 0.16, btype="highpass", fs=fs, output="sos"), position)
+    eog += 0.3 * (transients[1] + transients[2]) + rng.normal(0.0, 2.0, n)
+    movement = _epoch_gain([1.0 if stage == "M" else 0.0 for stage in stages], fs, ramp_s=0.5)
+    if movement.any():
+        artefact = [60.0 * _band(n, fs, 0.5, 3.0, rng) + 15.0 * _band(n, fs, 20.0, 45.0, rng) for _ in range(3)]
+        eeg += movement * np.stack(artefact[:2])
+        eog += movement * artefact[2]
+    eeg += rng.normal(0.0, 0.5, eeg.shape)  # amplifier noise
+
+    seconds = np.arange(len(stages) * EPOCH_S)
+    per_second = np.repeat(list(stages), EPOCH_S)
+    emg = subject.emg_uv * np.array([EMG_STAGE_GAIN[s] for s in per_second]) * rng.lognormal(0, 0.15, len(seconds))
+    breathing = 500.0 * np.sin(2 * np.pi * subject.breathing_hz * seconds + rng.uniform(0, 6.3))
+    asleep = np.cumsum([s not in "W?M" for s in per_second]) / max(1, sum(s not in "W?M" for s in per_second))
+    temperature = subject.temperature_c - 0.3 * asleep + rng.normal(0.0, 0.01, len(seconds))
+    signals = {"EEG Fpz-Cz": eeg[0], "EEG Pz-Oz": eeg[1], "EOG horizontal": eog}
+    signals |= {"Resp oro-nasal": breathing + rng.normal(0.0, 40.0, len(seconds)), "EMG submental": emg}
+    signals |= {"Temp rectal": temperature, "Event marker": np.zeros(len(seconds))}
+    return signals
+
+
+def _hypnogram_annotations(hypnogram: str):
+    """Runs of equal stages as one annotation each (onset, duration [s], text), as the real hypnograms."""
+    import edfio
+
+    annotations, start = [], 0
+    for k in range(1, len(hypnogram) + 1):
+        if k == len(hypnogram) or hypnogram[k] != hypnogram[start]:
+            text = STAGE_TEXT[hypnogram[start]]
+            annotations.append(edfio.EdfAnnotation(start * EPOCH_S, (k - start) * EPOCH_S, text))
+            start = k
+    return annotations
+
+
+def _write_night(folder: Path, subject: SleepSubject, seed: int) -> None:
+    import edfio
+
+    signals = simulate_night(subject, seed)
+    stem = f"SC4{subject.subject:02d}{subject.night}"
+    date, time = datetime.date.fromisoformat(subject.start[0]), datetime.time.fromisoformat(subject.start[1])
+    edf_signals = []
+    for label, (rate, unit, physical_range) in PSG_CHANNELS.items():
+        data = np.clip(signals[label], *physical_range)  # the amplifier saturates at its range
+        edf_signals.append(
+            edfio.EdfSignal(data, rate, label=label, physical_dimension=unit, physical_range=physical_range)
+        )
+    patient = edfio.Patient(code=stem)
+    psg = edfio.Edf(
+        edf_signals,
+        patient=patient,
+        recording=edfio.Recording(startdate=date),
+        starttime=time,
+        data_record_duration=EPOCH_S,
+    )
+    psg.write(folder / f"{stem}E0-PSG.edf")
+    hypnogram = edfio.Edf(
+        [],
+        patient=patient,
+        recording=edfio.Recording(startdate=date),
+        starttime=time,
+        annotations=_hypnogram_annotations(subject.hypnogram),
+    )
+    hypnogram.write(folder / f"{stem}E{subject.scorer}-Hypnogram.edf")
+
+
+def generate_sleep_edf(
+    out_dir: str | Path,
+    *,
+    seed: int = 2026,
+    subjects: int | Sequence[SleepSubject] = 6,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> Path:
+    """Write the synthetic sleep set in Sleep-EDF's sleep-cassette layout to ``out_dir`` and return it.
+
+    Args:
+        out_dir: the folder to create (``sleep-cassette/SC4ssNE0-PSG.edf`` + ``SC4ssNx-Hypnogram.edf`` per
+            subject, ``generator.json``).
+        seed: the one seed of every random choice.
+        subjects: a number of subjects (recipes from `draw_sleep_subjects`; 6: ≈ 2.2 MB) or the recipes
+            themselves (e.g. those of a ``generator.json``; a subject's signals depend only on seed and recipe).
+        overwrite: replace an existing ``out_dir``.
+        progress: show a progress bar.
+    """
+    import edfio
+    import scipy
+
+    recipes = draw_sleep_subjects(subjects, seed) if isinstance(subjects, int) else tuple(subjects)
+    for recipe in recipes:
+        if set(recipe.hypnogram) - set(STAGE_TEXT):
+            raise UserError(f"subject {recipe.subject}: hypnogram letters must be among {''.join(STAGE_TEXT)}")
+    recipe_json = {
+        "generator": "workbench.domains.eeg.generate.generate_sleep_edf",
+        "seed": seed,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "edfio": edfio.__version__,
+        "subjects": [asdict(recipe) for recipe in recipes],
+    }
+    with _atomic_folder(out_dir, overwrite) as work:
+        (work / "sleep-cassette").mkdir()
+        for recipe in tqdm(recipes, desc="synthetic nights", unit="subject", disable=not progress):
+            _write_night(work / "sleep-cassette", recipe, seed)
+        (work / "generator.json").write_text(json.dumps(recipe_json, indent=2) + "\n")
+    return Path(out_dir)
+
+
+def sleep_subjects_from_json(path: str | Path) -> tuple[int, tuple[SleepSubject, ...]]:
+    """The seed and subject recipes of a sleep set's ``generator.json`` (to regenerate it or part of it)."""
+    recipe = json.loads(Path(path).read_text())
+    return recipe["seed"], tuple(SleepSubject(**dict(s, start=tuple(s["start"]))) for s in recipe["subjects"])
+
+
+# ---------------------------------------------------------------- motor imagery (PhysioNet EEGMMIDB)
+
+MI_RATE_HZ = 160
+#: The written subset of EEGMMIDB's 64 channels (their spelling and order): the 3 × 3 grid around C3, Cz, C4.
+MI_CHANNELS = ("Fc3.", "Fcz.", "Fc4.", "C3..", "Cz..", "C4..", "Cp3.", "Cpz.", "Cp4.")
+#: Positions [cm] of the grid (and of Pz, the posterior alpha source) in MNE's standard_1020 montage.
+POSITIONS_CM = {
+    "FC3": (-6.02, 2.27, 5.55), "FCz": (0.04, 2.74, 8.87), "FC4": (6.23, 2.37, 5.56),
+    "C3": (-6.54, -1.16, 6.44), "Cz": (0.04, -0.92, 10.02), "C4": (6.71, -1.09, 6.36),
+    "CP3": (-6.36, -4.70, 6.56), "CPz": (0.04, -4.73, 9.94), "CP4": (6.66, -4.66, 6.56),
+    "Pz": (0.03, -8.11, 8.26),
+}  # fmt: skip
+MI_PHYSICAL_RANGE_UV = (-1000.0, 1000.0)
+REST_S, TRIAL_S = 4.2, 4.1
+#: EEGMMIDB imagery runs: T1 and T2 meaning per run.
+RUN_TASKS = {
+    run: ({"T1": "left fist", "T2": "right fist"} if run in (4, 8, 12) else {"T1": "both fists", "T2": "both feet"})
+    for run in (4, 6, 8, 10, 12, 14)
+}
+#: ERD depth factor per (imagined movement, source C3 / C4 / Cz); negative: event-related synchronisation.
+ERD_PATTERN = {
+    "left fist": (0.3, 1.0, 0.0),
+    "right fist": (1.0, 0.3, 0.0),
+    "both fists": (1.0, 1.0, 0.0),
+    "both feet": (-0.2, -0.2, 1.0),
+}
+DEFAULT_DIFFICULTY = 0.35
+
+
+@dataclass(frozen=True)
+class MotorImagerySubject:
+    """One EEGMMIDB subject's rhythms, ERD and noise (module docstring).
+
+    Args:
+        subject: PhysioNet subject number (``S001`` is 1); runs: the imagery runs written (4, 6, 8, 10, 12, 14).
+        trials_per_run: imagery trials per run (even: half T1, half T2; the real runs have 15).
+        mu_hz, beta_hz: mu and beta peak frequencies [Hz]; mu_uv: mu RMS at the hand sources [µV].
+        erd_depth: mean power drop D_s of a performed imagery trial (0–0.95); lapse_rate: share of trials with
+            no ERD; spread_cm: volume-conduction length λ [cm]; noise_uv: sensor 1/f noise RMS N_s [µV];
+        distractor_uv: posterior alpha RMS [µV]; start: first run's start (date, time) as ISO strings.
+    """
+
+    subject: int
+    runs: tuple[int, ...]
+    trials_per_run: int
+    mu_hz: float
+    beta_hz: float
+    mu_uv: float
+    erd_depth: float
+    lapse_rate: float
+    spread_cm: float
+    noise_uv: float
+    distractor_uv: float
+    start: tuple[str, str]
+
+
+def draw_motor_imagery_subjects(
+    n_subjects: int,
+    seed: int,
+    *,
+    runs: Sequence[int] = (4, 6),
+    trials_per_run: int = 6,
+    difficulty: float = DEFAULT_DIFFICULTY,
+) -> tuple[MotorImagerySubject, ...]:
+    """The recipes of subjects 1 … n_subjects (subject k from ``SeedSequence([seed, 2, k, 0])``).
+
+    ``difficulty`` only rescales the same draws: ERD depth (0.75 − 0.6·difficulty)·lognormal(0, 0.3) clipped to
+    0.05–0.95, sensor noise 2·(1 + 2·difficulty)·lognormal(0, 0.2) µV.
+    """
+    if not 0.0 <= difficulty <= 1.0:
+        raise UserError(f"difficulty={difficulty}: expected a number in [0, 1] (0 easiest, 1 hardest)")
+    if set(runs) - set(RUN_TASKS) or not runs:
+        raise UserError(f"runs={tuple(runs)}: expected imagery runs among {sorted(RUN_TASKS)}")
+    if trials_per_run < 2 or trials_per_run % 2:
+        raise UserError(f"trials_per_run={trials_per_run}: expected an even number ≥ 2 (half T1, half T2)")
+    if n_subjects < 1 or n_subjects > 109:
+        raise UserError(f"subjects={n_subjects}: expected 1-109 (EEGMMIDB's subjects S001-S109)")
+    recipes = []
+    for k in range(1, n_subjects + 1):
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 2, k, 0]))
+        depth_z, noise_z = rng.standard_normal(2)
+        session = datetime.timedelta(days=int(k), minutes=int(rng.integers(0, 480)))
+        start = datetime.datetime(2009, 8, 12, 9, 0) + session
+        recipes.append(
+            MotorImagerySubject(
+                subject=k,
+                runs=tuple(sorted(runs)),
+                trials_per_run=trials_per_run,
+                mu_hz=round(float(rng.uniform(9.0, 12.5)), 2),
+                beta_hz=round(float(rng.uniform(17.0, 23.0)), 2),
+                mu_uv=round(float(rng.uniform(6.0, 11.0)), 2),
+                erd_depth=round(float(np.clip((0.75 - 0.6 * difficulty) * np.exp(0.3 * depth_z), 0.05, 0.95)), 3),
+                lapse_rate=round(float(rng.uniform(0.0, 0.25)), 3),
+                spread_cm=round(float(rng.uniform(2.0, 3.2)), 2),
+                noise_uv=round(float(2.0 * (1 + 2 * difficulty) * np.exp(0.2 * noise_z)), 2),
+                distractor_uv=round(float(rng.uniform(3.0, 8.0)), 2),
+                start=(start.date().isoformat(), start.time().isoformat(timespec="seconds")),
+            )
+        )
+    return tuple(recipes)
+
+
+def _erd_ramp(t: np.ndarray, cue_s: float) -> np.ndarray:
+    """r(t): 0 until cue + 0.3 s, 1 from cue + 1 s to the trial's end, back to 0 within 1 s. Shapes: like t."""
+    end = cue_s + TRIAL_S
+    return np.interp(t, [cue_s + 0.3, cue_s + 1.0, end, end + 1.0], [0.0, 1.0, 1.0, 0.0])
+
+
+def simulate_run(
+    subject: MotorImagerySubject, run: int, seed: int
+) -> tuple[np.ndarray, list[tuple[float, float, str]]]:
+    """One imagery run (module docstring): the EEG of `MI_CHANNELS` and its annotations.
+
+    Returns:
+        eeg (9, n_seconds · 160) [µV] and (onset [s], duration [s], "T0" | "T1" | "T2") for each segment:
+        T0 rest 4.2 s and imagery 4.1 s alternating, starting with rest; the file ends at the next whole second.
+    """
+    if run not in RUN_TASKS:
+        raise UserError(f"run {run}: expected an imagery run among {sorted(RUN_TASKS)}")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 2, subject.subject, run]))
+    fs, n_trials = MI_RATE_HZ, subject.trials_per_run
+    codes = rng.permutation(["T1"] * (n_trials // 2) + ["T2"] * (n_trials // 2))
+    annotations = []
+    for k, code in enumerate(codes):
+        t0 = k * (REST_S + TRIAL_S)
+        annotations += [(round(t0, 3), REST_S, "T0"), (round(t0 + REST_S, 3), TRIAL_S, str(code))]
+    n = int(math.ceil(n_trials * (REST_S + TRIAL_S) - 1e-9)) * fs
+    t = np.arange(n) / fs
+
+    # amplitude and power factors of the C3, C4 and Cz rhythms
+    mu_depth, beta_depth, rebound = np.zeros((3, n)), np.zeros((3, n)), np.zeros((3, n))
+    for onset, _, code in annotations:
+        if code == "T0":
+            continue
+        depth = 0.0 if rng.random() < subject.lapse_rate else min(0.95, subject.erd_depth * rng.uniform(0.5, 1.5))
+        ramp = _erd_ramp(t, onset)
+        bump = np.sin(np.pi * np.clip((t - onset - TRIAL_S - 0.3) / 1.5, 0.0, 1.0)) ** 2  # Hann, 0.3-1.8 s after
+        for source, factor in enumerate(ERD_PATTERN[RUN_TASKS[run][code]]):
+            mu_depth[source] += depth * factor * ramp
+            beta_depth[source] += 0.8 * depth * factor * ramp
+            rebound[source] += 0.4 * depth * max(factor, 0.0) * bump
+
+    names = [name for name in POSITIONS_CM if name != "Pz"]
+    sources = np.stack([5.0 * _pink(n, fs, 1.0, rng) for _ in names])  # local background at each site
+    for source, (name, scale) in enumerate((("C3", 1.0), ("C4", 1.0), ("Cz", 0.6))):
+        slow = np.exp(0.25 * _band(n, fs, 0.02, 0.2, rng))
+        mu = subject.mu_uv * scale * slow * _band(n, fs, subject.mu_hz - 1.0, subject.mu_hz + 1.0, rng)
+        beta = 0.4 * subject.mu_uv * scale * slow * _band(n, fs, subject.beta_hz - 3.0, subject.beta_hz + 3.0, rng)
+        sources[names.index(name)] += mu * np.sqrt(1.0 - mu_depth[source])
+        sources[names.index(name)] += beta * np.sqrt(1.0 - beta_depth[source]) * (1.0 + rebound[source])
+    alpha_hz = subject.mu_hz - 0.5
+    distractor = subject.distractor_uv * np.exp(0.4 * _band(n, fs, 0.02, 0.2, rng))
+    distractor *= _band(n, fs, alpha_hz - 1.0, alpha_hz + 1.0, rng)
+
+    positions = {name: np.array(xyz) for name, xyz in POSITIONS_CM.items()}
+    eeg = np.zeros((len(names), n))
+    for i, channel in enumerate(names):
+        for j, source in enumerate(names + ["Pz"]):
+            squared = float(((positions[channel] - positions[source]) ** 2).sum())
+            weight = math.exp(-squared / (2 * subject.spread_cm**2))
+            eeg[i] += weight * (sources[j] if source != "Pz" else distractor)
+        eeg[i] += subject.noise_uv * _pink(n, fs, 1.0, rng) + rng.normal(0.0, 0.5, n)
+    return eeg, annotations
+
+
+def _write_run(folder: Path, subject: MotorImagerySubject, run: int, seed: int) -> None:
+    import edfio
+
+    eeg, annotations = simulate_run(subject, run, seed)
+    start = datetime.datetime.fromisoformat(" ".join(subject.start)) + datetime.timedelta(minutes=3 * run)
+    signals = [
+        edfio.EdfSignal(
+            np.clip(x, *MI_PHYSICAL_RANGE_UV),
+            MI_RATE_HZ,
+            label=label,
+            physical_dimension="uV",
+            physical_range=MI_PHYSICAL_RANGE_UV,
+        )
+        for label, x in zip(MI_CHANNELS, eeg)
+    ]
+    edf = edfio.Edf(
+        signals,
+        patient=edfio.Patient(code=f"S{subject.subject:03d}"),
+        recording=edfio.Recording(startdate=start.date()),
+        starttime=start.time(),
+        data_record_duration=1,
+        annotations=[edfio.EdfAnnotation(onset, duration, text) for onset, duration, text in annotations],
+    )
+    edf.write(folder / f"S{subject.subject:03d}R{run:02d}.edf")
+
+
+def generate_motor_imagery(
+    out_dir: str | Path,
+    *,
+    seed: int = 2026,
+    subjects: int | Sequence[MotorImagerySubject] = 8,
+    runs: Sequence[int] = (4, 6),
+    trials_per_run: int = 6,
+    difficulty: float = DEFAULT_DIFFICULTY,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> Path:
+    """Write the synthetic motor-imagery set in EEGMMIDB's layout to ``out_dir`` and return it.
+
+    Args:
+        out_dir: the folder to create (``S001/S001R04.edf`` …, ``generator.json``).
+        seed: the one seed of every random choice.
+        subjects: a number of subjects (recipes from `draw_motor_imagery_subjects` with ``runs``,
+            ``trials_per_run`` and ``difficulty``; 8 × runs 4, 6 × 6 trials: ≈ 2.3 MB) or the recipes themselves
+            (then those three arguments are not used).
+        runs: imagery runs per subject (4/8/12: left vs right fist; 6/10/14: both fists vs both feet).
+        trials_per_run: imagery trials per run, even (EEGMMIDB's runs have 15; 6 keeps the shipped set small).
+        difficulty: 0 (deep ERD, little noise) … 1 (shallow ERD, much noise); see the module docstring.
+        overwrite: replace an existing ``out_dir``.
+        progress: show a progress bar.
+    """
+    import edfio
+    import scipy
+
+    if isinstance(subjects, int):
+        recipes = draw_motor_imagery_subjects(
+            subjects, seed, runs=runs, trials_per_run=trials_per_run, difficulty=difficulty
+        )
+    else:
+        recipes = tuple(subjects)
+    recipe_json = {
+        "generator": "workbench.domains.eeg.generate.generate_motor_imagery",
+        "seed": seed,
+        "difficulty": difficulty if isinstance(subjects, int) else None,
+        "channels": list(MI_CHANNELS),
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "edfio": edfio.__version__,
+        "subjects": [asdict(recipe) for recipe in recipes],
+    }
+    with _atomic_folder(out_dir, overwrite) as work:
+        jobs = [(recipe, run) for recipe in recipes for run in recipe.runs]
+        for recipe, run in tqdm(jobs, desc="synthetic imagery runs", unit="run", disable=not progress):
+            folder = work / f"S{recipe.subject:03d}"
+            folder.mkdir(exist_ok=True)
+            _write_run(folder, recipe, run, seed)
+        (work / "generator.json").write_text(json.dumps(recipe_json, indent=2) + "\n")
+    return Path(out_dir)
+
+
+def motor_imagery_subjects_from_json(path: str | Path) -> tuple[int, tuple[MotorImagerySubject, ...]]:
+    """The seed and subject recipes of a motor-imagery set's ``generator.json``."""
+    recipe = json.loads(Path(path).read_text())
+    subjects = tuple(
+        MotorImagerySubject(**dict(s, runs=tuple(s["runs"]), start=tuple(s["start"]))) for s in recipe["subjects"]
+    )
+    return recipe["seed"], subjects
+
+
+# ---------------------------------------------------------------- shared
+
+
+class _atomic_folder:
+    """``with _atomic_folder(out, overwrite) as work:`` — write into ``work`` beside ``out``, moved in at the end."""
+
+    def __init__(self, out_dir: str | Path, overwrite: bool):
+        self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not overwrite:
+            raise UserError(f"{self.out_dir}: already exists; pass overwrite=True to replace it")
+
+    def __enter__(self) -> Path:
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(dir=self.out_dir.parent, prefix=f".{self.out_dir.name}.tmp-"))
+        return self.work
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        try:
+            if exc_type is None:
+                old = None
+                if self.out_dir.exists():
+                    old = self.out_dir.with_name(f".{self.out_dir.name}.old-{os.getpid()}")
+                    os.replace(self.out_dir, old)
+                os.replace(self.work, self.out_dir)
+                if old is not None:
+                    shutil.rmtree(old)
+        finally:
+            if self.work.exists():
+                shutil.rmtree(self.work)
