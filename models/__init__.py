@@ -10,11 +10,21 @@ where third-party model libraries are made to import safely:
   ``torch.load`` without an explicit ``weights_only`` into a full unpickle. Its (tiny) package is imported here
   and the setting taken back, so the process keeps torch's safe default (`workbench.models.mace.calculator` does
   the same after ``mace.calculators``, which sets it again).
-- torchaudio is never needed: transformers (so PEFT) imports it only when it is installed, and the PyPI wheel
-  does not load against the CPU torch build. No extra of the workbench installs it; do not add it.
+- torchaudio: braindecode requires it (and transformers, so PEFT, imports it whenever it is installed), but the
+  PyPI wheel's compiled extension (``torchaudio/lib/_torchaudio.so``) links CUDA torch (``libc10_cuda.so``) and
+  fails to load against the CPU torch build, which breaks ``import torchaudio`` and everything that imports it.
+  torchaudio itself runs without that extension when its library files are absent (it then reports
+  ``_IS_TORCHAUDIO_EXT_AVAILABLE = False`` and its pure-PyTorch functions work: ``lfilter``, ``filtfilt``,
+  ``fftconvolve``, ``Resample``, ``Spectrogram`` — what braindecode uses). So when, and only when, the extension
+  fails to load, `_import_torchaudio_without_its_extension` imports torchaudio once more with its ``lib/`` folder
+  hidden from torchaudio's loader; nothing is changed on disk and a working extension is always used.
 """
 
+import importlib.util
+import logging
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -24,3 +34,26 @@ try:
 except ImportError:  # mace-torch comes with the atomistic extra
     pass
 os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+
+
+def _import_torchaudio_without_its_extension() -> None:
+    """Import torchaudio (when installed) so that later imports find it, without its extension if that cannot load."""
+    spec = importlib.util.find_spec("torchaudio")
+    if spec is None:
+        return
+    try:
+        import torchaudio  # noqa: F401
+    except OSError as error:
+        for name in [name for name in sys.modules if name == "torchaudio" or name.startswith("torchaudio.")]:
+            del sys.modules[name]
+        hidden = Path(spec.origin).parent / "lib"
+        glob = Path.glob
+        Path.glob = lambda self, *args, **kwargs: iter(()) if self == hidden else glob(self, *args, **kwargs)
+        try:
+            import torchaudio  # noqa: F401, F811
+        finally:
+            Path.glob = glob
+        logging.getLogger(__name__).debug("torchaudio runs without its compiled extension (%s)", error)
+
+
+_import_torchaudio_without_its_extension()

@@ -525,3 +525,37 @@ def test_lora_method_declares_what_it_needs():
     assert not frozen_head.head.weight.requires_grad
     with pytest.raises(UserError, match="needs LoRA target groups|declares nothing"):
         lora.LoRA().check(None, None, Plain())
+
+
+class _ReadsItsWeight(nn.Module):
+    """Attention-style code that calls ``F.linear`` on ``self.qkv.weight`` itself (as braindecode's Labram does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(6, 18, bias=False)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.qkv.weight, torch.zeros(18, dtype=x.dtype))
+
+
+def test_a_model_that_reads_the_weight_itself_sees_the_adapted_weight():
+    torch.manual_seed(0)
+    model = _ReadsItsWeight().double()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    base = model(x).detach()
+    lora.apply(model, targets=["qkv"], rank=2, alpha=2.0)
+    torch.testing.assert_close(model(x), base, rtol=0, atol=0)  # B = 0: identity at start
+    with torch.no_grad():
+        model.qkv.lora_B.weight.normal_()
+    expected = x @ (model.qkv.base_layer.weight + model.qkv.lora_B.weight @ model.qkv.lora_A.weight).T
+    torch.testing.assert_close(model(x), expected, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(model(x), base)
+    model(x).sum().backward()  # the gradient reaches the factors through the weight
+    assert model.qkv.lora_B.weight.grad is not None and model.qkv.base_layer.weight.grad is None
+    merged = lora.merge(model)
+    torch.testing.assert_close(merged(x), expected, rtol=1e-12, atol=1e-12)
+
+    with_dropout = lora.apply(_ReadsItsWeight().double(), targets=["qkv"], rank=2, alpha=2.0, dropout=0.5)
+    with pytest.raises(UserError, match="reads the weight .* directly"):
+        with_dropout.train()(x)
+    with_dropout.eval()(x)  # dropout inactive: fine

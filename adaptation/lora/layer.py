@@ -122,6 +122,27 @@ class LoraLayer(nn.Module):
             return self.base_layer._conv_forward(x, weight, self.base_layer.bias)
         return self.base_layer(x) + self.update(x)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight the layer computes with, ``W + ΔW`` (``W`` once merged), for models that read ``module.weight``
+        and call ``F.linear`` / ``F.conv*`` themselves (braindecode's ``Labram`` does so for its fused ``qkv``): the
+        update then acts in weight space there. Adapter dropout cannot act in weight space, so reading the weight
+        while it is active (training with ``dropout > 0``) is refused, as it is for a routed layer."""
+        if self.merged:
+            return self.base_layer.weight
+        if not self.mergeable or (self.training and isinstance(self.lora_dropout, nn.Dropout)):
+            raise UserError(
+                f"the model reads the weight of a {type(self).__name__} directly (it calls F.linear or F.conv itself), "
+                "where an input-dependent update or adapter dropout cannot act; set the LoRA dropout to 0 for this "
+                "target, or leave it out of the targets"
+            )
+        return self.base_layer.weight + self.delta_weight()
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The base layer's bias (LoRA adds none)."""
+        return self.base_layer.bias
+
     def delta_weight(self) -> torch.Tensor:
         """``ΔW = (alpha / r) · B A`` in the base weight's shape (what `merge` adds)."""
         b, a = self.lora_B.weight.flatten(1), self.lora_A.weight.flatten(1)
