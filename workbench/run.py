@@ -495,6 +495,7 @@ def _metrics(
         "data": data.source,
         "processes": distributed()[1],
         "samples": {"train": len(data.train), "val": len(data.val), "test": len(data.test)},
+        "data_summary": data.summary,
         "before": before.metrics,
         "after": chosen["metrics"],
         "baselines": {name: results[name]["metrics"] for name in config.baselines},

@@ -42,7 +42,8 @@ class TaskData:
     val: Sequence[Any]
     test: Sequence[Any]
     source: str
-    #: Facts shown in the report (frame counts, molecule, ...).
+    #: Facts about the data written to ``metrics.json`` as ``data_summary`` (counts, classes, the subjects of each
+    #: split, ...); JSON-able.
     summary: dict[str, Any] = field(default_factory=dict)
     #: Unlabelled samples of the target domain, for methods that look at the target while training
     #: (sample weights, alignment terms); None for tasks whose training data already is the target.
