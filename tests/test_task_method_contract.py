@@ -19,6 +19,8 @@ from workbench.registry import methods, tasks
 APPLIES = {
     "rmd17": {"elora", "full", "readout", "mace-lora"},
     "ptbxl": {"full", "readout", "lora", "htuning", "distill"},
+    "sleepedf": {"full", "readout", "lora", "htuning"},
+    "motor-imagery": {"full", "readout", "lora", "htuning"},
     "csbm": {"full", "readout", "homophily", "mixed-filters", "udagcn"},
     "features": {
         "full",
@@ -38,6 +40,8 @@ TINY = {
     "rmd17": {"epochs": 1, "train_size": 5, "val_size": 2, "batch_size": 5},
     "ptbxl": {"epochs": 1, "train_size": 8, "val_size": 8, "batch_size": 8, "epochs_factor": 1},
     "csbm": {"epochs": 1, "nodes": 200},
+    "sleepedf": {"epochs": 1, "train_size": 8, "val_size": 4, "batch_size": 4},
+    "motor-imagery": {"epochs": 1, "train_size": 8, "val_size": 4, "batch_size": 4},
     "features": {"epochs": 1, "train_size": 200, "val_size": 50, "pretrain_epochs": 10},
 }
 
