@@ -31,13 +31,14 @@ import logging
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 from workbench.domains.ecg.preprocess import LEADS, EcgPreprocessing, preprocess
+from workbench.domains.records import BadRecordError, SkipReport
 
 from workbench.datacard import DataCard, load_card
 from workbench.errors import UserError, field_error
@@ -116,56 +117,6 @@ _BYTES_PER_SAMPLE = {"8": 1, "16": 2, "24": 3, "32": 4, "61": 2, "80": 1, "160":
 _MISSING_VALUE = {"16": -(2**15), "61": -(2**15), "160": -(2**15), "24": -(2**23), "32": -(2**31), "80": -(2**7)}
 _MISSING_VALUE.update({"212": -(2**11), "310": -(2**9), "311": -(2**9)})
 _UNITS_PER_MV = {"mv": 1.0, "uv": 1000.0, "μv": 1000.0, "µv": 1000.0, "v": 0.001, "nv": 1e6}
-
-
-# --------------------------------------------------------------------------------------------- reports
-@dataclass(frozen=True)
-class RecordProblem:
-    """One bad record: which file, what is wrong."""
-
-    record: str
-    problem: str
-
-    def __str__(self) -> str:
-        return f"{self.record}: {self.problem}"
-
-
-class BadRecordError(UserError):
-    """A record that cannot be used; ``record`` names its file, ``problem`` says what is wrong."""
-
-    def __init__(self, record: str | Path, problem: str):
-        super().__init__(f"{record}: {problem}")
-        self.record = str(record)
-        self.problem = problem
-
-
-@dataclass
-class SkipReport:
-    """The records a reader skipped, as (record, problem) pairs, in reading order."""
-
-    problems: list[RecordProblem] = field(default_factory=list)
-
-    def add(self, record: str | Path, problem: str) -> None:
-        self.problems.append(RecordProblem(str(record), problem))
-
-    def __len__(self) -> int:
-        return len(self.problems)
-
-    def __iter__(self) -> Iterator[RecordProblem]:
-        return iter(self.problems)
-
-    @property
-    def records(self) -> list[str]:
-        return [item.record for item in self.problems]
-
-    def summary(self, limit: int = 5) -> str:
-        """One line per skipped record (the first ``limit``), or "no record skipped"."""
-        if not self.problems:
-            return "no record skipped"
-        lines = [f"{len(self.problems)} record(s) skipped:"] + [f"  {item}" for item in self.problems[:limit]]
-        if len(self.problems) > limit:
-            lines.append(f"  ... and {len(self.problems) - limit} more")
-        return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------- one record

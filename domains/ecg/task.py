@@ -47,12 +47,12 @@ from workbench.domains.ecg.readers import (
     EMBEDDED_PTBXL,
     PTBXL_FOLDS,
     SUPERCLASSES,
-    BadRecordError,
     EcgSet,
     read_embedded,
     read_ptbxl,
     read_record,
 )
+from workbench.domains.records import BadRecordError
 
 from workbench.errors import UserError
 from workbench.metrics import choose_thresholds, multilabel_scores

@@ -17,15 +17,9 @@ from workbench.domains.eeg.motor import (
     read_bnci_2a_mat,
     read_eegmmidb,
 )
-from workbench.domains.eeg.readers import (
-    BadRecordError,
-    EegWindows,
-    RecordProblem,
-    SkipReport,
-    read_eeg_folder,
-    read_recording,
-)
+from workbench.domains.eeg.readers import EegWindows, read_eeg_folder, read_recording
 from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, read_sleep_edf
+from workbench.domains.records import BadRecordError, RecordProblem, SkipReport
 
 __all__ = [
     "BCI2A_CHANNELS",

@@ -27,13 +27,14 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 from workbench.domains.eeg.channels import ChannelSelection, interpolation_sources, match_channels, select_channels
+from workbench.domains.records import BadRecordError, SkipReport
 
 from workbench.datacard import load_card
 from workbench.errors import UserError
@@ -46,56 +47,6 @@ UNKNOWN = ("error", "ignore")
 EEG_EXTENSIONS = (".edf", ".bdf", ".gdf", ".fif", ".vhdr")
 #: Formats whose channels may each have their own rate (MNE upsamples the slow ones when it reads them).
 _PER_CHANNEL_RATES = (".edf", ".bdf", ".gdf")
-
-
-# --------------------------------------------------------------------------------------------- reports
-@dataclass(frozen=True)
-class RecordProblem:
-    """One bad record: which file, what is wrong."""
-
-    record: str
-    problem: str
-
-    def __str__(self) -> str:
-        return f"{self.record}: {self.problem}"
-
-
-class BadRecordError(UserError):
-    """A record that cannot be used; ``record`` names its file, ``problem`` says what is wrong."""
-
-    def __init__(self, record: str | Path, problem: str):
-        super().__init__(f"{record}: {problem}")
-        self.record = str(record)
-        self.problem = problem
-
-
-@dataclass
-class SkipReport:
-    """The records a reader skipped, as (record, problem) pairs, in reading order."""
-
-    problems: list[RecordProblem] = field(default_factory=list)
-
-    def add(self, record: str | Path, problem: str) -> None:
-        self.problems.append(RecordProblem(str(record), problem))
-
-    def __len__(self) -> int:
-        return len(self.problems)
-
-    def __iter__(self) -> Iterator[RecordProblem]:
-        return iter(self.problems)
-
-    @property
-    def records(self) -> list[str]:
-        return [item.record for item in self.problems]
-
-    def summary(self, limit: int = 5) -> str:
-        """One line per skipped record (the first ``limit``), or "no record skipped"."""
-        if not self.problems:
-            return "no record skipped"
-        lines = [f"{len(self.problems)} record(s) skipped:"] + [f"  {item}" for item in self.problems[:limit]]
-        if len(self.problems) > limit:
-            lines.append(f"  ... and {len(self.problems) - limit} more")
-        return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------- windows

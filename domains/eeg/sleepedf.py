@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 from workbench.domains.eeg.readers import (
-    BadRecordError,
     Collector,
     EegWindows,
     allowed_sfreqs_from_card,
@@ -39,6 +38,7 @@ from workbench.domains.eeg.readers import (
     on_error_from_card,
     read_recording,
 )
+from workbench.domains.records import BadRecordError
 
 from workbench.errors import UserError
 

@@ -68,13 +68,13 @@ from workbench.domains.eeg.motor import (
 )
 from workbench.domains.eeg.readers import (
     EEG_EXTENSIONS,
-    BadRecordError,
     EegWindows,
     allowed_sfreqs_from_card,
     cut_windows,
     read_recording,
 )
 from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, read_sleep_edf
+from workbench.domains.records import BadRecordError
 
 from workbench.datacard import load_card
 from workbench.errors import UserError
