@@ -24,10 +24,13 @@ import importlib.util
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 
+# braindecode builds a montage under a name MNE 1.13 deprecates, on every import: noise for the user.
+warnings.filterwarnings("ignore", message="Montage name 'standard_1020' is deprecated", category=FutureWarning)
 torch.serialization.add_safe_globals([slice])
 try:
     import mace  # noqa: F401

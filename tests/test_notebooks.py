@@ -14,6 +14,7 @@ SMALL_SETTINGS = {
     "shift_quickstart.ipynb": {"EPOCHS": 2, "DIM": 10},
     "graphs_quickstart.ipynb": {"EPOCHS": 3, "NODES": 200},
     "ecg_quickstart.ipynb": {"EPOCHS": 2, "DISTILL_EPOCHS_FACTOR": 1},
+    "eeg_quickstart.ipynb": {"EPOCHS": 2},
 }
 #: A line each notebook prints when it ran to its end.
 EXPECTED = {
@@ -21,6 +22,7 @@ EXPECTED = {
     "shift_quickstart.ipynb": "target MSE",
     "graphs_quickstart.ipynb": "target accuracy",
     "ecg_quickstart.ipynb": "macro AUROC",
+    "eeg_quickstart.ipynb": "window rows",
 }
 
 
