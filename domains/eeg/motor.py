@@ -36,11 +36,9 @@ from workbench.domains.eeg.readers import (
     Collector,
     EegWindows,
     allowed_sfreqs_from_card,
-    annotation_onsets_s,
-    check_annotations_in_recording,
     event_windows,
     on_error_from_card,
-    read_recording,
+    read_annotated_recording,
 )
 
 from workbench.errors import UserError, field_error
@@ -132,7 +130,7 @@ def read_bci_iv_2a(
     collector = Collector(on_error, BCI2A_CLASSES)
     for path in files:
         with collector.record(path):
-            selection = read_recording(
+            selection, onsets_s = read_annotated_recording(
                 path,
                 channels,
                 rename=BCI2A_RENAME,
@@ -141,10 +139,6 @@ def read_bci_iv_2a(
                 resample_to=resample_to,
             )
             annotations = selection.raw.annotations
-            onsets_s = annotation_onsets_s(selection.raw)
-            check_annotations_in_recording(
-                path, onsets_s, annotations.description, selection.raw.n_times / selection.sfreq
-            )
             onsets, labels, rejected = bci_iv_2a_trials(path, onsets_s, annotations.description)
             collector.exclude(REJECTED, rejected)
             subject = "A" + _GDF.match(path.name).group(1)
@@ -399,7 +393,7 @@ def read_eegmmidb(
     collector = Collector(on_error, classes)
     for path, run in files:
         with collector.record(path):
-            selection = read_recording(
+            selection, onsets_s = read_annotated_recording(
                 path,
                 channels,
                 allow_interpolation=allow_interpolation,
@@ -407,10 +401,6 @@ def read_eegmmidb(
                 resample_to=resample_to,
             )
             annotations = selection.raw.annotations
-            onsets_s = annotation_onsets_s(selection.raw)
-            check_annotations_in_recording(
-                path, onsets_s, annotations.description, selection.raw.n_times / selection.sfreq
-            )
             _, meaning_t1, meaning_t2 = EEGMMIDB_RUNS[run]
             label_of = {"T1": classes.index(meaning_t1), "T2": classes.index(meaning_t2)}
             if rest:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from workbench.domains.eeg.channels import ChannelSelection, interpolation_sources, match_channels, select_channels
@@ -189,6 +190,20 @@ def _native_sfreq(path: Path, channel: str) -> float:
     import mne
 
     return float(mne.io.read_raw(path, include=[channel], preload=False, verbose="error").info["sfreq"])
+
+
+def read_annotated_recording(path: str | Path, channels: Sequence[str], **options: Any):
+    """`read_recording` (``options`` are its keywords) and the onsets [s] of its annotations from the recording's
+    start, every annotation checked to start inside the recording (`check_annotations_in_recording`).
+
+    Returns (`ChannelSelection`, onsets_s (n_annotations,)); the descriptions and durations are
+    ``selection.raw.annotations``'.
+    """
+    selection = read_recording(path, channels, **options)
+    onsets_s = annotation_onsets_s(selection.raw)
+    descriptions = selection.raw.annotations.description
+    check_annotations_in_recording(path, onsets_s, descriptions, selection.raw.n_times / selection.sfreq)
+    return selection, onsets_s
 
 
 def annotation_onsets_s(raw) -> np.ndarray:
@@ -409,7 +424,7 @@ def read_eeg_folder(
     collector = Collector(on_error, classes)
     for path in files:
         with collector.record(path):
-            selection = read_recording(
+            selection, onsets_s = read_annotated_recording(
                 path,
                 channels,
                 allow_interpolation=allow_interpolation,
@@ -417,9 +432,6 @@ def read_eeg_folder(
                 resample_to=resample_to,
             )
             annotations = selection.raw.annotations
-            onsets_s = annotation_onsets_s(selection.raw)
-            duration_s = selection.raw.n_times / selection.sfreq
-            check_annotations_in_recording(path, onsets_s, annotations.description, duration_s)
             outside = Counter(str(d) for d in annotations.description if d not in label_of)
             if outside and unknown == "error":
                 listed = ", ".join(f"{d!r} ({n}x)" for d, n in outside.items())
