@@ -53,7 +53,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from braindecode.models import EEGNet, Labram, ShallowFBCSPNet
-from braindecode.models.labram import LABRAM_CHANNEL_ORDER
+from braindecode.models.labram import LABRAM_CHANNEL_ORDER, _Attention
 from torch import nn
 from workbench.adaptation.lora import lora_layers
 
@@ -128,6 +128,36 @@ def labram_channels(names: Sequence[str], channel_map: Mapping[str, str] | None 
     if doubled:
         raise UserError(f"several channels map onto the LaBraM electrode(s) {doubled}; each electrode may appear once")
     return mapped
+
+
+class QkvModuleAttention(_Attention):
+    """braindecode's LaBraM attention computing its fused ``qkv`` by *calling* the ``qkv`` module.
+
+    braindecode's forward reads ``qkv.weight`` itself (``F.linear(x, qkv.weight, [q_bias, 0, v_bias])``), so an
+    adapter wrapped around ``qkv`` could act only in weight space, never on the layer's input — and the LoRA of the
+    brainwave-model study puts dropout 0.5 on that input. This forward is the same function, written with
+    ``self.qkv(x) + [q_bias, 0, v_bias]``: multi-head scaled dot-product attention with the optional q/k norms,
+    then ``proj``. Parameters and state-dict keys are braindecode's (`LabramClassifier` swaps the class in place).
+    Windowed attention and the ``return_attention`` / ``return_qkv`` outputs keep braindecode's own forward.
+
+    Shapes:
+        x (batch, n_tokens, dim) → (batch, n_tokens, dim)
+    """
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False, return_qkv: bool = False) -> torch.Tensor:
+        if return_attention or return_qkv or self.relative_position_bias_table is not None:
+            return super().forward(x, return_attention=return_attention, return_qkv=return_qkv)
+        batch, n_tokens, _ = x.shape
+        qkv = self.qkv(x)
+        if self.q_bias is not None:
+            qkv = qkv + torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
+        q, k, v = qkv.reshape(batch, n_tokens, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # (batch, heads, n, d)
+        if self.q_norm is not None:
+            q = self.q_norm(q).type_as(v)
+        if self.k_norm is not None:
+            k = self.k_norm(k).type_as(v)
+        weights = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1))
+        return self.proj_drop(self.proj((weights @ v).transpose(1, 2).reshape(batch, n_tokens, -1)))
 
 
 class LabramClassifier(nn.Module):
@@ -228,6 +258,10 @@ class LabramClassifier(nn.Module):
             qkv_bias=qkv_bias,
             use_mean_pooling=use_mean_pooling,
         )
+        for block in self.labram.blocks:  # the same attention, calling its qkv module (adapters see the input)
+            if type(block.attn) is not _Attention:
+                raise TypeError(f"braindecode's Labram attention is {type(block.attn).__name__}, expected _Attention")
+            block.attn.__class__ = QkvModuleAttention
         index = {name: i + 1 for i, name in enumerate(LABRAM_CHANNEL_ORDER)}  # 0 is the CLS token's
         self.register_buffer("input_chans", torch.tensor([0] + [index[n] for n in mapped]), persistent=False)
 
@@ -240,7 +274,6 @@ class LabramClassifier(nn.Module):
             head="labram.final_layer",
             lora_target_groups=dict(LABRAM_TARGET_GROUPS),
             embedding="features",
-            weight_read=LABRAM_TARGET_GROUPS["qkv"],  # braindecode's attention calls F.linear(x, qkv.weight, ...)
             signal=SignalSpec(
                 a["n_chans"], a["n_outputs"], a["n_times"], a["sfreq"], tuple({"ch_name": n} for n in a["ch_names"])
             ),

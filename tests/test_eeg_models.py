@@ -143,7 +143,7 @@ def test_lora_on_conv_and_qkv_starts_at_the_base_trains_only_adapters_and_merges
         optimizer.step()
     changed = {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
     assert changed and all(".lora_A." in n or ".lora_B." in n for n in changed)
-    assert any("attn.qkv.lora_B" in n for n in changed)  # the fused qkv, read by its weight, did learn
+    assert any("attn.qkv.lora_B" in n for n in changed)  # the fused qkv did learn
 
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():  # larger adapters than two steps give: first on the fused qkv alone, then on the convs too
@@ -153,7 +153,7 @@ def test_lora_on_conv_and_qkv_starts_at_the_base_trains_only_adapters_and_merges
         only_qkv = model(x).detach()
         for name, layer in lora.lora_layers(model).items():
             layer.lora_B.weight.copy_(0.3 * torch.randn(layer.lora_B.weight.shape, generator=generator))
-    assert (only_qkv - base).norm() > 1e-2 * base.norm()  # braindecode reads qkv by `.weight`: W + ΔW reaches it
+    assert (only_qkv - base).norm() > 1e-2 * base.norm()  # the fused qkv adapter reaches the output
     adapted = model(x).detach()
     lora.merge(model)
     assert not lora.lora_layers(model)
@@ -278,12 +278,37 @@ def test_converted_state_dict_refuses_zero_matches_a_wrong_shape_and_too_long_wi
         models.get("labram")().load(path, **sizes(MOTOR_9, 160.0, 160 * 4, 3))
 
 
-def test_lora_dropout_is_refused_where_labram_reads_the_weight_itself():
-    """braindecode's attention calls F.linear on qkv.weight: adapter dropout could not act there (declared in the
-    spec as weight_read), so apply refuses it before changing the model; other targets take dropout."""
-    model = small_labram()
-    with pytest.raises(UserError, match="dropout cannot act on labram.blocks.0.attn.qkv"):
-        lora.apply(model, targets=["conv", "qkv"], rank=4, alpha=8, dropout=0.5)
-    assert not lora.lora_layers(model)  # untouched
-    adapted = lora.apply(model, targets=["conv", "fc"], rank=4, alpha=8, dropout=0.5)
-    assert adapted(batch(9, 320)).shape == (4, 3)
+def test_labram_attention_calling_its_qkv_module_is_braindecodes_function():
+    """LabramClassifier swaps braindecode's attention for one that calls qkv (so adapters see its input): same keys,
+    and the same outputs as braindecode's own forward, with and without q/v biases."""
+    from braindecode.models.labram import _Attention
+
+    for qkv_bias in (False, True):
+        model = small_labram(qkv_bias=qkv_bias).double().eval()
+        attention = model.labram.blocks[0].attn
+        assert type(attention).__name__ == "QkvModuleAttention" and isinstance(attention, _Attention)
+        if qkv_bias:
+            with torch.no_grad():
+                attention.q_bias.normal_(), attention.v_bias.normal_()
+        tokens = torch.randn(3, 7, model.labram.cls_token.shape[-1], dtype=torch.float64)
+        torch.testing.assert_close(attention(tokens), _Attention.forward(attention, tokens), rtol=0, atol=1e-12)
+        assert "labram.blocks.0.attn.qkv.weight" in model.state_dict()
+
+
+def test_lora_dropout_acts_on_labrams_fused_qkv_input():
+    """The seed's LoRA (dropout 0.5 on qkv's input): random in training, none in eval, identity at init."""
+    model = small_labram().double()
+    x = batch(9, 320, dtype=torch.float64)
+    base = model.eval()(x).detach()
+    lora.apply(model, targets=["conv", "qkv"], rank=4, alpha=8, dropout=0.5)
+    layer = lora.lora_layers(model)["labram.blocks.0.attn.qkv"]
+    torch.testing.assert_close(model.eval()(x), base, rtol=0, atol=1e-12)
+    with torch.no_grad():
+        layer.lora_B.weight.normal_()
+    model.train()
+    torch.manual_seed(0)
+    first = model(x)
+    torch.manual_seed(1)
+    assert not torch.allclose(first, model(x))  # another dropout mask on the qkv adapter's input
+    model.eval()
+    torch.testing.assert_close(model(x), model(x), rtol=0, atol=0)

@@ -55,9 +55,6 @@ class ModelSpec:
             that LoRA-style methods adapt; empty when the model offers none.
         embedding: name of a model method ``inputs -> features (batch, d)`` (what the head reads).
         signal: `SignalSpec` for models of sampled signals.
-        weight_read: fnmatch patterns over module names whose ``weight`` the model reads itself (``F.linear(x,
-            m.weight)``) instead of calling the module: an adapter there acts on the weight, so nothing can act on
-            that module's input (adapter dropout).
     """
 
     family: str
@@ -65,7 +62,6 @@ class ModelSpec:
     lora_target_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     embedding: str | None = None
     signal: SignalSpec | None = None
-    weight_read: tuple[str, ...] = ()
 
 
 #: What a method may ask a model for (`require`), with the words used in messages.

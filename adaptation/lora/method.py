@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS
-from workbench.adaptation.lora.model import apply, check_dropout, merge, target_names
+from workbench.adaptation.lora.model import apply, merge, target_names
 
 from workbench.method import Method
 from workbench.model import require
@@ -67,14 +67,11 @@ class LoRA(Method):
     )
 
     def check(self, task, data, model: nn.Module) -> None:
-        """The model declares LoRA target groups (and a head when ``--head train``); the targets exist; no dropout on
-        targets the model reads by weight."""
+        """The model declares LoRA target groups (and a head when ``--head train``); the targets exist."""
         super().check(task, data, model)
         if self.config["head"] == "train":
             require(model, self.name, "head")
-        names = target_names(model, self._targets())
-        if self.config["dropout"] > 0:
-            check_dropout(model, names)
+        target_names(model, self._targets())
 
     def _targets(self) -> list[str] | None:
         return [entry.strip() for entry in self.config["targets"].split(",") if entry.strip()] or None

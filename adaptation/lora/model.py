@@ -110,8 +110,6 @@ def apply_config(model: nn.Module, config: LoraConfig) -> nn.Module:
             "(lora.merge) before applying LoRA again"
         )
     chosen = _select_targets(model, config.targets)
-    if config.dropout > 0:
-        check_dropout(model, [name for name, _ in chosen])
     layers = {}
     for name, module in chosen:  # build every layer before changing the model
         try:
@@ -141,17 +139,6 @@ def apply_config(model: nn.Module, config: LoraConfig) -> nn.Module:
 def target_names(model: nn.Module, targets: str | Sequence[str] | None = None) -> list[str]:
     """The module names `apply` would wrap for ``targets`` (groups and/or patterns; None: every declared group)."""
     return [name for name, _ in _select_targets(model, LoraConfig(targets=targets).targets)]
-
-
-def check_dropout(model: nn.Module, names: Sequence[str]) -> None:
-    """Refuse adapter dropout on targets the model reads by weight (`workbench.model.ModelSpec.weight_read`)."""
-    spec = spec_of(model)
-    read = [n for n in names if spec is not None and any(fnmatchcase(n, p) for p in spec.weight_read)]
-    if read:
-        raise UserError(
-            f"LoRA dropout cannot act on {_some(read)}: the model reads their weight itself (F.linear on .weight), so "
-            "the update acts in weight space there; set the dropout to 0 or leave these layers out of the targets"
-        )
 
 
 def _select_targets(model: nn.Module, targets: tuple[str, ...] | None) -> list[tuple[str, nn.Module]]:
