@@ -180,7 +180,8 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
         raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
     task_options = {**profile.get("options", {}), **dict(request.task_options)}
     task_options = resolve_options(f"task '{domain}'", task_cls.options, task_options)
-    method_options = resolve_options(f"method '{method}'", method_cls.options, dict(request.method_options))
+    method_options = {**profile.get("method_options", {}), **dict(request.method_options)}
+    method_options = resolve_options(f"method '{method}'", method_cls.options, method_options)
     method_cls(**method_options)  # a method checks its options when built: fail before anything is written
     out = request.out
     if out is None:

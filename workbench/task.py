@@ -112,7 +112,8 @@ class Task:
 
     @classmethod
     def profile(cls, method: str) -> dict[str, Any]:
-        """Defaults that depend on the chosen method: ``{"baselines": (...), "options": {...}}``.
+        """Defaults that depend on the chosen method: ``{"baselines": (...), "options": {...}, "method_options":
+        {...}}`` (task options, and the chosen method's options in this task's setting).
 
         A task whose methods answer different questions (sample weights for a missing class vs for a
         covariate shift) picks the matching generated problem and comparison here; what the user gives
