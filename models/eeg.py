@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 #: LaBraM's electrode vocabulary in upper case (braindecode matches names case-insensitively).
 LABRAM_VOCABULARY = {name.upper(): name for name in LABRAM_CHANNEL_ORDER}
 
+#: Where the shipped checkpoints live (the LaBraM backbones pretrained by `workbench.domains.eeg.pretrain`).
+CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 #: Sizes a task gives every family (`workbench.checkpoint.check_architecture` compares them to a checkpoint).
 EEG_SIZES = ("n_chans", "n_outputs", "n_times", "sfreq")
 
@@ -539,7 +541,9 @@ def load_labram_weights(model: LabramClassifier, path: str | Path) -> Checkpoint
         head_replaced=head_replaced,
         adjusted=tuple(adjusted),
     )
-    (log.warning if report.missing or report.unexpected or head_replaced else log.info)("%s", report)
+    # a backbone shipped without its head (the shipped ones) is what it should be: only other gaps are warnings
+    worrying = report.unexpected or head_replaced or any(not n.startswith("final_layer.") for n in report.missing)
+    (log.warning if worrying else log.info)("%s", report)
     return report
 
 
@@ -626,7 +630,10 @@ class LabramFamily(_EEGFamily):
     """
 
     name = "labram"
-    description = "LaBraM EEG foundation transformer (braindecode Labram; fresh CPU-sized, or a converted checkpoint)"
+    description = (
+        "LaBraM EEG foundation transformer (braindecode Labram): fresh CPU-sized, a workbench or converted checkpoint; "
+        "the EEG tasks' default is their shipped pretrained backbone"
+    )
 
     def load(
         self,

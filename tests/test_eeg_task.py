@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 pytest.importorskip("braindecode")
 edfio = pytest.importorskip("edfio")
 
-from workbench.domains.eeg.task import EMBEDDED_SLEEP, scale_windows, split_subjects  # noqa: E402
+from workbench.domains.eeg.task import EMBEDDED_SLEEP, LBM_LORA, scale_windows, split_subjects  # noqa: E402
 
 import workbench  # noqa: E402
 from workbench.errors import UserError  # noqa: E402
@@ -50,6 +51,9 @@ def test_sleepedf_end_to_end_writes_a_run_with_the_metrics_and_the_split_manifes
     assert summary["channels"] == ["EEG Fpz-Cz", "EEG Pz-Oz"] and summary["sfreq_hz"] == 100.0
     assert summary["channel_map"] == {"EEG Fpz-Cz": "FPZ", "EEG Pz-Oz": "PZ"}  # the reported approximation
     assert summary["excluded"] == {"Movement time": 3, "Sleep stage ?": 3}
+    assert summary["model_load"]["missing"] == ["final_layer.weight", "final_layer.bias"]  # the shipped backbone
+    config = yaml.safe_load((sleep_run / "config.yaml").read_text())
+    assert config["method_options"] == {**LBM_LORA, "head": "train", "compute": "weight"}  # the LBM study's LoRA
     for name in ("config.yaml", "adapter.safetensors", "adapter.json", "confusion_matrices.png", "hypnograms.png"):
         assert (sleep_run / name).is_file(), name
     assert "hypnograms.png" in (sleep_run / "report.md").read_text()
@@ -207,9 +211,13 @@ def test_the_command_line_exits_2_without_a_traceback_or_a_run_directory(tmp_pat
     assert not out.exists()
 
 
-def test_lora_dropout_on_labram_qkv_is_refused_before_the_run_directory(tmp_path):
-    out = tmp_path / "run"
-    options = {"targets": "conv,qkv", "dropout": 0.5}
-    with pytest.raises(UserError, match="dropout cannot act on"):
-        workbench.adapt("sleepedf", "lora", method_options=options, out=str(out), **TINY)
-    assert not out.exists()
+def test_lora_runs_in_the_lbm_setting_and_the_users_flags_win():
+    from workbench.config import RunRequest, resolve_config
+
+    config, _ = resolve_config(RunRequest(domain="motor-imagery"))
+    assert config.method == "lora" and {k: config.method_options[k] for k in LBM_LORA} == LBM_LORA
+    given = {"targets": "fc", "dropout": 0.0}
+    config, _ = resolve_config(RunRequest(domain="sleepedf", method_options=given))
+    assert config.method_options["targets"] == "fc" and config.method_options["dropout"] == 0.0
+    assert config.method_options["alpha"] == LBM_LORA["alpha"]  # what the user did not give stays the task's
+    assert resolve_config(RunRequest(domain="sleepedf", method="full"))[0].method_options == {}

@@ -201,8 +201,8 @@ def draw_sleep_subjects(n_subjects: int, seed: int) -> tuple[SleepSubject, ...]:
     The night follows `NIGHT_BLOCKS` with block lengths drawn in their ranges; even subjects get one
     ``Movement time`` epoch inside the first N2 block, odd subjects one unscored ``Sleep stage ?`` epoch at the end.
     """
-    if n_subjects < 1 or n_subjects > 20:
-        raise UserError(f"subjects={n_subjects}: expected 1-20 (the sleep cassette numbers subjects 00-19)")
+    if n_subjects < 1 or n_subjects > 83:
+        raise UserError(f"subjects={n_subjects}: expected 1-83 (Sleep-EDF Expanded's cassette numbers subjects 00-82)")
     recipes = []
     for k in range(n_subjects):
         rng = np.random.default_rng(np.random.SeedSequence([seed, 1, k, 0]))

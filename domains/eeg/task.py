@@ -16,10 +16,15 @@ Data (every layout read through MNE by `workbench.domains.eeg`, checked against 
   classes. Default: the embedded synthetic EEGMMIDB imagery runs of 8 subjects, 9 sensorimotor channels at
   160 Hz, 4 s windows (card ``motor-imagery-synthetic``).
 
-LoRA: the default run adapts every target group the model declares; the setting of the brainwave-LoRA evaluation
-(seed 001) is ``--targets conv,qkv --alpha 8 --dropout 0`` (see ``examples``). Its dropout 0.5 cannot act on Labram's
-fused qkv, which braindecode reads by weight (the model declares it, `workbench.model.ModelSpec.weight_read`): the
-run refuses adapter dropout there before its directory appears, so keep ``--dropout 0`` when ``qkv`` is a target.
+Model: with no ``--model``, the task's shipped LaBraM backbone (pretrained here by masked patch reconstruction on
+generated source subjects, `workbench.domains.eeg.pretrain`; cards ``labram-sleepedf-small`` and
+``labram-motor-small``) with a fresh head for the data's classes; ``--model labram`` is a fresh, untrained LaBraM,
+``--model PATH`` a workbench or converted LaBraM checkpoint (matched / missing / unexpected tensors go into
+``data_summary.model_load``).
+
+LoRA: the ``lora`` method runs in the brainwave-LoRA study's setting (seed 001, `LBM_LORA`): ``conv`` and ``qkv``
+adapted together, rank 8, alpha 8, dropout 0.5 on the adapters' input, conv ranks by the power-of-2 rule; any of
+these flags given on the command line wins (``--targets conv,fc``, ``--dropout 0``).
 
 Splits are by subject only: the subjects are shuffled with ``--seed`` and ``--test-subjects`` (default 1) and
 ``--val-subjects`` (default 1) of them held out; every other subject trains. The subjects of each split go into
@@ -45,6 +50,7 @@ Shapes:
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections import Counter
@@ -75,6 +81,7 @@ from workbench.domains.eeg.readers import (
 )
 from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, read_sleep_edf
 from workbench.domains.records import BadRecordError
+from workbench.models.eeg import CHECKPOINTS
 
 from workbench.datacard import load_card
 from workbench.errors import UserError
@@ -102,6 +109,10 @@ CLASS_SETS = {
     "all": {"eegmmidb": EEGMMIDB_CLASSES, "bci-iv-2a": BCI2A_CLASSES},
 }
 _SMALLEST_SD_UV = 1e-3
+#: The ``lora`` method's defaults in the EEG tasks: the brainwave-model study's LoRA (seed 001) — the patch
+#: convolutions and the fused qkv adapted together, alpha 8, dropout 0.5 on the adapters' input, conv ranks by the
+#: power-of-2 rule. Its rank for linear layers is not in the summary we have: 8 (alpha / rank = 1) is our choice.
+LBM_LORA = {"targets": "conv,qkv", "rank": 8, "alpha": 8.0, "dropout": 0.5, "conv_rank": "rule"}
 
 
 def scale_windows(signals_uv: np.ndarray, scaling: str) -> np.ndarray:
@@ -177,13 +188,16 @@ class EegTask(Task):
     default_model = "labram"
     default_method = "lora"
     capabilities = frozenset({"sample_losses", "class_labels", "predict"})
+    #: The shipped LaBraM backbone adapted when no --model is given (`workbench.domains.eeg.pretrain` makes it).
+    pretrained: ClassVar[Path | None] = None
     #: Full fine-tuning, head only, and the classic nets trained from scratch.
     baselines = ("full", "readout", "full@eegnet", "full@shallow")
     metrics_note = (
         "Scores on the test subjects' windows (subject-wise split, data_summary.split in metrics.json), higher is "
         "better: balanced accuracy (mean recall over the classes), Cohen's kappa, macro F1 over the classes present, "
-        "accuracy and per-class F1. The model and the classic nets (eegnet, shallow) start from fresh weights "
-        "unless --model names a checkpoint."
+        "accuracy and per-class F1. LaBraM starts from the task's shipped backbone (pretrained by masked patch "
+        "reconstruction on generated source subjects; its head is fresh, hence chance before adaptation), full@labram "
+        "from fresh weights; the classic nets (eegnet, shallow) are trained from scratch."
     )
     #: Every window of the training and validation subjects (train_size / val_size cut them); one learning rate.
     defaults: ClassVar[Mapping[str, Any]] = {
@@ -221,6 +235,11 @@ class EegTask(Task):
             "card's rate (logged)",
         ),
     )
+
+    @classmethod
+    def profile(cls, method: str) -> dict[str, Any]:
+        """``lora`` in the brainwave-model study's setting (`LBM_LORA`); the other methods as they are."""
+        return {"method_options": dict(LBM_LORA)} if method == "lora" else {}
 
     # -- data and model --------------------------------------------------------------------------
     def read(self, data: str | Path | None, seed: int = 0) -> EegData:
@@ -272,13 +291,41 @@ class EegTask(Task):
         return dict(self._sizes)
 
     def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
-        """The model through the models registry. ``channel_map`` goes only to the ``labram`` family (the one that
-        places channels by name; a saved model must carry the same map); the classic nets take the plain sizes."""
+        """The model through the models registry. With no ``--model``, the task's shipped LaBraM backbone
+        (`pretrained`) loaded into a model of the data's sizes — or, when the data's rate is not the one it was
+        pretrained at, a fresh LaBraM, with a warning; ``--model labram`` is always a fresh one. ``channel_map``
+        goes only to the ``labram`` family (the one that places channels by name; a saved model must carry the
+        same map); the classic nets take the plain sizes."""
         name, path = self.model_choice(source)
         sizes = self.model_sizes()
         if name != "labram":
             sizes.pop("channel_map", None)
+        if source is None and self.pretrained is not None:
+            path = self._shipped_backbone(sizes["sfreq"])
         return models.get(name)().load(path, trust_checkpoint=trust_checkpoint, **sizes)
+
+    def model_files(self, source: str | Path | None) -> list[Path]:
+        """The shipped backbone when no ``--model`` was given; else the family's files of ``source``."""
+        if source is None and self.pretrained is not None:
+            return [self.pretrained]
+        return super().model_files(source)
+
+    def _shipped_backbone(self, sfreq: float) -> str | None:
+        """The shipped backbone's path when it was pretrained at ``sfreq`` [Hz] (None, logged, when not)."""
+        from safetensors import safe_open
+
+        with safe_open(str(self.pretrained), "pt") as handle:
+            pretrained_hz = json.loads(handle.metadata()["architecture"])["sfreq"]
+        if np.isclose(pretrained_hz, sfreq):
+            return str(self.pretrained)
+        log.warning(
+            "the shipped LaBraM backbone (%s) was pretrained on %g Hz windows and this data is at %g Hz: a fresh, "
+            "untrained LaBraM is adapted instead (--model PATH takes a LaBraM checkpoint of this rate)",
+            self.pretrained.name,
+            pretrained_hz,
+            sfreq,
+        )
+        return None
 
     def rebuild(self, source: str | Path | None, trust_checkpoint: bool, state: Mapping[str, Any]) -> nn.Module:
         """The base model of a finished run, of the sizes saved in its task state."""
@@ -352,6 +399,7 @@ class EegTask(Task):
             "skipped_records": [str(problem) for problem in windows.skipped],
             "notes": list(windows.notes),
             **({"channel_map": raw.channel_map} if raw.channel_map else {}),
+            **({"model_load": _load_counts(model.load_report)} if hasattr(model, "load_report") else {}),
         }
         data = TaskData(samples["train"], samples["val"], samples["test"], raw.source, summary)
         state = {
@@ -526,6 +574,15 @@ class EegTask(Task):
         return Predictions(columns, rows, facts)
 
     # -- data commands ---------------------------------------------------------------------------
+    def pretrain(self, out: Path, **kwargs: Any) -> str:
+        """The shipped LaBraM foundation of this task, made by masked patch reconstruction on generated source
+        subjects (`workbench.domains.eeg.pretrain`)."""
+        from workbench.domains.eeg.pretrain import pretrain
+
+        channel_map = dict(SLEEP_CHANNEL_MAP) if self.name == "sleepedf" else None
+        scores = pretrain(self.name, out, scaling=self.config["scaling"], channel_map=channel_map, **kwargs)
+        return f"wrote {out} (LaBraM backbone, braindecode key layout, no head); validation {scores}"
+
     def info(self, data: str | Path | None) -> str:
         raw = self._read(data)
         subjects = raw.windows.subject_counts()
@@ -543,13 +600,14 @@ class SleepEdf(EegTask):
     """Five-stage sleep staging (W, N1, N2, N3, REM) on 30 s epochs of Fpz-Cz and Pz-Oz, Sleep-EDF layout."""
 
     name = "sleepedf"
+    pretrained = CHECKPOINTS / "labram_sleepedf_small.safetensors"
     description = "Sleep staging (W/N1/N2/N3/REM) from EEG Fpz-Cz + Pz-Oz, 30 s epochs; Sleep-EDF cassette layout"
     card = "sleep-edf-synthetic"
     reads = ("sleep-edf",)
     metrics = ("balanced_accuracy", "cohen_kappa", "macro_f1", "accuracy") + tuple(f"f1_{c}" for c in SLEEP_CLASSES)
     examples = (
         "workbench adapt --domain sleepedf                       # LoRA on Labram + full, readout, EEGNet, Shallow",
-        "workbench adapt --domain sleepedf --targets conv,qkv --alpha 8 --dropout 0   # the LBM paper's LoRA",
+        "workbench adapt --domain sleepedf --targets conv,fc --rank 4   # LoRA on other target groups",
         "workbench adapt --domain sleepedf --data ~/sleep-edfx/sleep-cassette --test-subjects 10 --val-subjects 10",
         "workbench predict --run runs/sleep --input psg_folder/ --output stages.csv",
         "workbench data generate sleepedf --out my_nights --subjects 10",
@@ -608,13 +666,14 @@ class MotorImagery(EegTask):
     """Motor imagery: left vs right fist/hand (or four classes), EEGMMIDB or BCI Competition IV 2a layouts."""
 
     name = "motor-imagery"
+    pretrained = CHECKPOINTS / "labram_motor_small.safetensors"
     description = "Motor imagery (left vs right fist, or 4 classes); EEGMMIDB, BCI IV 2a GDF or BNCI .mat layouts"
     card = "motor-imagery-synthetic"
     reads = ("eegmmidb", "bci-iv-2a")
     metrics = ("balanced_accuracy", "cohen_kappa", "macro_f1", "accuracy")
     examples = (
         "workbench adapt --domain motor-imagery                  # left vs right fist, LoRA + 4 baselines",
-        "workbench adapt --domain motor-imagery --class-set all --targets conv,qkv --alpha 8 --dropout 0",
+        "workbench adapt --domain motor-imagery --class-set all --model labram   # 4 classes, a fresh LaBraM",
         "workbench adapt --domain motor-imagery --data ~/BCICIV_2a_gdf --test-subjects 2",
         "workbench data generate motor-imagery --out my_mi --subjects 20 --difficulty 0.5",
     )
@@ -721,6 +780,17 @@ class MotorImagery(EegTask):
             progress=self.progress,
         )
         return f"wrote {subjects} subject(s) of synthetic imagery runs in EEGMMIDB's layout to {out}"
+
+
+def _load_counts(report) -> dict[str, Any]:
+    """What loading a LaBraM state dict found (`workbench.models.eeg.CheckpointReport`), for ``data_summary``."""
+    return {
+        "source": report.source,
+        "matched": len(report.matched),
+        "missing": list(report.missing),
+        "unexpected": list(report.unexpected),
+        "head_replaced": report.head_replaced,
+    }
 
 
 def _keep_classes(windows: EegWindows, kept: Sequence[str], reason: str) -> EegWindows:
