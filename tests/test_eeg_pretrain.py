@@ -23,7 +23,7 @@ from workbench.domains.eeg.pretrain import (  # noqa: E402
     random_mask,
 )
 from workbench.domains.eeg.sleepedf import SLEEP_EDF_CHANNELS, read_sleep_edf  # noqa: E402
-from workbench.domains.eeg.task import EMBEDDED_SLEEP, SLEEP_CHANNEL_MAP, scale_windows  # noqa: E402
+from workbench.domains.eeg.task import EMBEDDED_SLEEP, SLEEP_CHANNEL_MAP  # noqa: E402
 from workbench.models.eeg import LabramClassifier  # noqa: E402
 
 from workbench.registry import models, tasks  # noqa: E402
@@ -72,13 +72,14 @@ def test_masked_patches_cannot_reach_the_predictions_and_visible_ones_do():
 
 def test_pretraining_lowers_the_masked_loss_and_saves_a_headless_backbone(tmp_path):
     windows = read_sleep_edf(EMBEDDED_SLEEP, channels=SLEEP_EDF_CHANNELS, on_error="raise")
-    corpus = _corpus(windows, scale_windows(windows.signals_uv, "uv100"), "embedded nights")
+    corpus = _corpus(windows, "uv100", "embedded nights")
     out = tmp_path / "backbone.safetensors"
     scores = pretrain_labram(corpus, out, dict(SLEEP_CHANNEL_MAP), epochs=4, num_layers=1)
     assert scores["val_masked_mse_after"] < scores["val_masked_mse_before"]
     with safe_open(str(out), "pt") as handle:
         assert not [k for k in handle.keys() if k.startswith("final_layer.")]
         assert json.loads(handle.metadata()["architecture"])["sfreq"] == 100.0
+        assert handle.metadata()["scaling"] == "uv100"
     sizes = {"n_chans": 2, "n_outputs": 5, "n_times": 3000, "sfreq": 100.0,
              "chs_info": [{"ch_name": n} for n in SLEEP_EDF_CHANNELS]}  # fmt: skip
     model = models.get("labram")().load(out, channel_map=dict(SLEEP_CHANNEL_MAP), **sizes)
@@ -93,6 +94,7 @@ def test_the_tasks_adapt_their_shipped_backbone_unless_told_otherwise(name, rate
     raw = task.read(None, 0)
     with safe_open(str(task.pretrained), "pt") as handle:
         assert json.loads(handle.metadata()["architecture"])["sfreq"] == rate
+        assert handle.metadata()["scaling"] == "uv100"  # the task's default input units
     model = task.load_model(None)
     report = model.load_report
     assert report.source == str(task.pretrained) and report.missing == ("final_layer.weight", "final_layer.bias")

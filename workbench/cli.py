@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pretrain = commands.add_parser("pretrain", help="train the task's shipped foundation model from scratch")
     pretrain.add_argument("--domain", required=True)
-    pretrain.add_argument("--out", required=True, help="checkpoint path (.safetensors; a .json is written beside it)")
+    pretrain.add_argument("--out", required=True, help="checkpoint path (.safetensors)")
     pretrain.add_argument("--epochs", type=int, default=100)
     pretrain.add_argument("--seed", type=int, default=0)
     pretrain.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

@@ -123,44 +123,48 @@ class MaskedPatchModel(nn.Module):
 
 @dataclass(frozen=True)
 class Corpus:
-    """Unlabelled windows for pretraining: train and validation signals (n, n_chans, n_times), model inputs."""
+    """Unlabelled windows for pretraining: train and validation signals (n, n_chans, n_times), model inputs scaled
+    by ``scaling`` (`workbench.domains.eeg.task.scale_windows`)."""
 
     train: np.ndarray
     val: np.ndarray
     windows: EegWindows
     description: str
+    scaling: str
 
 
-def _corpus(windows: EegWindows, signals: np.ndarray, description: str) -> Corpus:
+def _corpus(windows: EegWindows, scaling: str, description: str) -> Corpus:
+    from workbench.domains.eeg.task import scale_windows
+
+    signals = scale_windows(windows.signals_uv, scaling)
     subjects = sorted(set(windows.subjects.tolist()))
     val = np.isin(windows.subjects, subjects[-VAL_SUBJECTS:])
-    return Corpus(signals[~val], signals[val], windows, description)
+    return Corpus(signals[~val], signals[val], windows, description, scaling)
 
 
 def sleep_corpus(work: Path, scaling: str, subjects: int = 20, progress: bool = False) -> Corpus:
     """20 generated nights (seed `PRETRAIN_SEED`) read as the ``sleepedf`` task reads Sleep-EDF."""
     from workbench.domains.eeg.generate import generate_sleep_edf
     from workbench.domains.eeg.sleepedf import SLEEP_EDF_CHANNELS, read_sleep_edf
-    from workbench.domains.eeg.task import scale_windows
 
     root = generate_sleep_edf(work / "sleep", seed=PRETRAIN_SEED, subjects=subjects, progress=progress)
     windows = read_sleep_edf(root, channels=SLEEP_EDF_CHANNELS, on_error="raise")
     text = f"{subjects} generated Sleep-EDF nights (seed {PRETRAIN_SEED}), {len(windows)} epochs of 30 s"
-    return _corpus(windows, scale_windows(windows.signals_uv, scaling), text)
+    return _corpus(windows, scaling, text)
 
 
 def motor_corpus(work: Path, scaling: str, subjects: int = 24, progress: bool = False) -> Corpus:
     """24 generated EEGMMIDB subjects (seed `PRETRAIN_SEED`, imagery runs 4, 6, 8, 10), every window incl. rest."""
     from workbench.domains.eeg.generate import generate_motor_imagery
     from workbench.domains.eeg.motor import read_eegmmidb
-    from workbench.domains.eeg.task import SENSORIMOTOR_CHANNELS, scale_windows
+    from workbench.domains.eeg.task import SENSORIMOTOR_CHANNELS
 
     root = generate_motor_imagery(
         work / "motor", seed=PRETRAIN_SEED, subjects=subjects, runs=(4, 6, 8, 10), progress=progress
     )
     windows = read_eegmmidb(root, rest=True, channels=SENSORIMOTOR_CHANNELS, on_error="raise")
     text = f"{subjects} generated EEGMMIDB subjects (seed {PRETRAIN_SEED}), {len(windows)} windows of 4 s"
-    return _corpus(windows, scale_windows(windows.signals_uv, scaling), text)
+    return _corpus(windows, scaling, text)
 
 
 def pretrain_labram(
@@ -196,7 +200,8 @@ def pretrain_labram(
 
     def loss(model: MaskedPatchModel, batch: torch.Tensor, training: bool) -> torch.Tensor:
         generator = None if training else torch.Generator().manual_seed(seed)
-        return model.loss(batch, random_mask(len(batch), model.n_patches * batch.shape[1], MASK_RATIO, generator))
+        mask = random_mask(len(batch), model.n_patches * batch.shape[1], MASK_RATIO, generator)
+        return model.loss(batch, mask.to(batch.device))
 
     def collate(signals: Sequence[np.ndarray], where: torch.device) -> torch.Tensor:
         return torch.as_tensor(np.stack(signals), device=where)
@@ -218,6 +223,7 @@ def pretrain_labram(
     provenance = {
         "recipe": "workbench.domains.eeg.pretrain (masked patch reconstruction)",
         "corpus": corpus.description,
+        "scaling": corpus.scaling,
         "epochs": str(epochs),
         "seed": str(seed),
         "architecture": json.dumps({k: v for k, v in encoder.architecture.items() if k != "n_outputs"}),

@@ -315,8 +315,15 @@ class EegTask(Task):
         from safetensors import safe_open
 
         with safe_open(str(self.pretrained), "pt") as handle:
-            pretrained_hz = json.loads(handle.metadata()["architecture"])["sfreq"]
+            provenance = handle.metadata()
+        pretrained_hz = json.loads(provenance["architecture"])["sfreq"]
         if np.isclose(pretrained_hz, sfreq):
+            if provenance["scaling"] != self.config["scaling"]:
+                log.warning(
+                    "the shipped LaBraM backbone was pretrained on --scaling %s inputs, this run feeds it %s",
+                    provenance["scaling"],
+                    self.config["scaling"],
+                )
             return str(self.pretrained)
         log.warning(
             "the shipped LaBraM backbone (%s) was pretrained on %g Hz windows and this data is at %g Hz: a fresh, "
