@@ -325,6 +325,11 @@ def build_eegnet(architecture: Mapping[str, Any]) -> nn.Module:
     convolutions, and the paper's dense classifier with a max-norm of 0.25, ``final_layer_with_constraint=True``)
     for the sizes of ``architecture`` (``n_chans``, ``n_outputs``, ``n_times``, ``sfreq``, ``ch_names``).
 
+    Batch norm momentum 0.1 (PyTorch's default) instead of braindecode's 0.01 (Keras' 0.99): on the few hundred
+    training steps of a small EEG set, running statistics updated 1 % per step stay near their initial (0, 1), and
+    an EEGNet evaluated with them outputs constant logits (measured here: validation loss stuck at ln 5 on the
+    embedded nights while the training loss fell from 1.58 to 0.75).
+
     Shapes:
         eeg (batch, n_chans, n_times) → logits (batch, n_outputs)
     """
@@ -335,6 +340,7 @@ def build_eegnet(architecture: Mapping[str, Any]) -> nn.Module:
         n_times=a["n_times"],
         sfreq=a["sfreq"],
         final_layer_with_constraint=True,
+        batch_norm_momentum=0.1,
     )
     return _declare(model, "eegnet", a)
 
