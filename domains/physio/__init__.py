@@ -1,0 +1,26 @@
+"""Physiological time series (``workbench.domains.physio``): heartbeats of annotated WFDB records (MIT-BIH
+Arrhythmia and any beat-annotated WFDB folder) with their AAMI classes — the data side of the PhysioPFM task."""
+
+from workbench.domains.physio.beats import (
+    AAMI_CLASS_OF,
+    AAMI_CLASSES,
+    DE_CHAZAL_SPLIT,
+    PACED_RECORDS,
+    BeatSet,
+    inter_patient_split,
+    read_annotated_beats,
+    read_beat_folder,
+    read_mitbih,
+)
+
+__all__ = [
+    "AAMI_CLASSES",
+    "AAMI_CLASS_OF",
+    "BeatSet",
+    "DE_CHAZAL_SPLIT",
+    "PACED_RECORDS",
+    "inter_patient_split",
+    "read_annotated_beats",
+    "read_beat_folder",
+    "read_mitbih",
+]
