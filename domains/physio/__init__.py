@@ -1,5 +1,6 @@
 """Physiological time series (``workbench.domains.physio``): heartbeats of annotated WFDB records (MIT-BIH
-Arrhythmia and any beat-annotated WFDB folder) with their AAMI classes — the data side of the PhysioPFM task."""
+Arrhythmia and any beat-annotated WFDB folder) with their AAMI classes, and a generator of multi-site synthetic
+ECG in that layout (`workbench.domains.physio.generate`) — the data side of the PhysioPFM task."""
 
 from workbench.domains.physio.beats import (
     AAMI_CLASS_OF,
