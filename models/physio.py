@@ -27,6 +27,8 @@ Shapes:
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -39,6 +41,10 @@ from workbench.errors import UserError
 from workbench.model import ModelFamily, ModelSpec, SignalSpec
 from workbench.registry import models
 
+#: The rate [Hz] the shipped backbone was pretrained at (tasks resample to it, and say so).
+BACKBONE_RATE_HZ = 250.0
+#: The shipped backbone: pretrained by `workbench.domains.physio.pretrain`, no head (card ``patch-gpt-physio``).
+SHIPPED_BACKBONE = Path(__file__).resolve().parent / "checkpoints" / "patch_gpt_physio.safetensors"
 #: LoRA target groups of `PatchGPT` (fnmatch patterns over its module names).
 PATCH_GPT_TARGET_GROUPS = {
     "qkv": ("blocks.*.attn.qkv",),
@@ -211,6 +217,40 @@ def load_patch_gpt(path: str | Path) -> PatchGPT:
     return load_model(path, build, "a patch-gpt checkpoint", "{'kind': 'patch-gpt', 'n_times': int, ...}")
 
 
+def load_patch_gpt_backbone(path: str | Path, n_times: int, n_outputs: int, sfreq: float) -> PatchGPT:
+    """A pretrained backbone (safetensors without a head, the architecture in its metadata) in a `PatchGPT` of
+    ``n_times`` and ``n_outputs`` with a fresh head. Every backbone tensor must match (strict); ``sfreq`` must be
+    the rate it was pretrained at.
+
+    Raises:
+        UserError: another rate, a series length it cannot embed, or tensors that do not match.
+    """
+    from safetensors import safe_open
+
+    from workbench.checkpoint import load_tensors
+
+    path = Path(path)
+    with safe_open(str(path), "pt") as handle:
+        metadata = handle.metadata() or {}
+    if "architecture" not in metadata:
+        raise UserError(f"{path}: no 'architecture' in its metadata: not a patch-gpt backbone (nor a .json beside it)")
+    architecture = json.loads(metadata["architecture"])
+    rate = architecture.pop("sfreq")
+    if not math.isclose(rate, sfreq):
+        raise UserError(f"{path}: pretrained on series at {rate:g} Hz, the data is at {sfreq:g} Hz; resample to it")
+    architecture.pop("kind", None)
+    model = PatchGPT(n_times=n_times, n_outputs=n_outputs, sfreq=sfreq, **architecture)
+    state = load_tensors(path)
+    own = model.state_dict()
+    expected = {k for k in own if not k.startswith("head.")}
+    if set(state) != expected or any(state[k].shape != own[k].shape for k in expected):
+        stray, missing = sorted(set(state) - expected), sorted(expected - set(state))
+        raise UserError(f"{path}: its tensors do not match a patch-gpt backbone (unexpected {stray[:3]}, missing "
+                        f"{missing[:3]}, or shapes differ)")  # fmt: skip
+    model.load_state_dict({**own, **state})
+    return model
+
+
 #: Sizes a task gives the family (checked against a checkpoint).
 PATCH_GPT_SIZES = ("n_times", "n_outputs", "sfreq")
 
@@ -223,9 +263,19 @@ class PatchGPTFamily(ModelFamily):
     description = "GPT-2-style causal patch transformer for one-channel physiological series (PhysioPFM's backbone)"
 
     def load(self, source=None, *, trust_checkpoint=False, n_times=None, n_outputs=None, sfreq=None, **options):
-        """The checkpoint at ``source`` (its sizes must equal those given), or a fresh model of ``n_times``,
-        ``n_outputs``, ``sfreq`` and ``options`` (`PatchGPT`'s arguments)."""
+        """``source`` None: the shipped pretrained backbone with a fresh head for ``n_times`` and ``n_outputs``
+        (``pretrained=False``, or before it is made: a fresh model of the sizes and ``options``, `PatchGPT`'s
+        arguments); a ``.safetensors`` with its ``.json``: a workbench checkpoint, whose sizes must equal those
+        given; one without: a backbone (`load_patch_gpt_backbone`)."""
         sizes = {"n_times": n_times, "n_outputs": n_outputs, "sfreq": sfreq}
+        pretrained = options.pop("pretrained", True)
+        if source is None and pretrained and SHIPPED_BACKBONE.is_file():
+            source = SHIPPED_BACKBONE
+        if source is not None and not Path(source).with_suffix(".json").is_file():
+            missing = [k for k, v in sizes.items() if v is None]
+            if missing or options:
+                raise UserError(f"{source}: a patch-gpt backbone takes the data's sizes {missing} and no options")
+            return load_patch_gpt_backbone(source, n_times, n_outputs, sfreq)
         if source is not None:
             model = load_patch_gpt(source)
             given = {k: (float(v) if k == "sfreq" else v) for k, v in sizes.items() if v is not None}
@@ -237,4 +287,6 @@ class PatchGPTFamily(ModelFamily):
         return PatchGPT(**sizes, **options)
 
     def files(self, source=None) -> list[Path]:
-        return [] if source is None else saved_model_files(source)
+        if source is None:
+            return [SHIPPED_BACKBONE] if SHIPPED_BACKBONE.is_file() else []
+        return saved_model_files(source) if Path(source).with_suffix(".json").is_file() else [Path(source)]

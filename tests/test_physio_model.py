@@ -16,7 +16,7 @@ from workbench.registry import models
 
 def small(**options) -> PatchGPT:
     torch.manual_seed(0)
-    return models.get("patch-gpt")().load(n_times=175, n_outputs=4, sfreq=250.0, n_layers=2, **options)
+    return models.get("patch-gpt")().load(n_times=175, n_outputs=4, sfreq=250.0, n_layers=2, pretrained=False, **options)
 
 
 def test_shapes_spec_and_sizes():
@@ -33,7 +33,7 @@ def test_shapes_spec_and_sizes():
     with pytest.raises(UserError, match="built for series of 175"):
         model(torch.randn(2, 200))
     with pytest.raises(UserError, match="needs"):
-        models.get("patch-gpt")().load(n_times=175)
+        models.get("patch-gpt")().load(n_times=175, pretrained=False)
 
 
 def test_a_patch_sees_only_itself_and_the_patches_before_it():
