@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,34 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
+
+
+class atomic_folder:
+    """``with atomic_folder(out, overwrite) as work:`` — write into ``work`` beside ``out``, moved in at the end."""
+
+    def __init__(self, out_dir: str | Path, overwrite: bool):
+        self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not overwrite:
+            raise UserError(f"{self.out_dir}: already exists; pass overwrite=True to replace it")
+
+    def __enter__(self) -> Path:
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(dir=self.out_dir.parent, prefix=f".{self.out_dir.name}.tmp-"))
+        return self.work
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        try:
+            if exc_type is None:
+                old = None
+                if self.out_dir.exists():
+                    old = self.out_dir.with_name(f".{self.out_dir.name}.old-{os.getpid()}")
+                    os.replace(self.out_dir, old)
+                os.replace(self.work, self.out_dir)
+                if old is not None:
+                    shutil.rmtree(old)
+        finally:
+            if self.work.exists():
+                shutil.rmtree(self.work)
 
 
 def _umask() -> int:

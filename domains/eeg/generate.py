@@ -89,9 +89,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -100,6 +97,7 @@ import numpy as np
 from scipy.signal import butter, sawtooth, sosfilt, sosfiltfilt
 from tqdm import tqdm
 
+from workbench.checkpoint import atomic_folder
 from workbench.errors import UserError
 
 # ---------------------------------------------------------------- sleep (Sleep-EDF Expanded, sleep cassette)
@@ -492,7 +490,7 @@ def generate_sleep_edf(
         "edfio": edfio.__version__,
         "subjects": [asdict(recipe) for recipe in recipes],
     }
-    with _atomic_folder(out_dir, overwrite) as work:
+    with atomic_folder(out_dir, overwrite) as work:
         (work / "sleep-cassette").mkdir()
         for recipe in tqdm(recipes, desc="synthetic nights", unit="subject", disable=not progress):
             _write_night(work / "sleep-cassette", recipe, seed)
@@ -741,7 +739,7 @@ def generate_motor_imagery(
         "edfio": edfio.__version__,
         "subjects": [asdict(recipe) for recipe in recipes],
     }
-    with _atomic_folder(out_dir, overwrite) as work:
+    with atomic_folder(out_dir, overwrite) as work:
         jobs = [(recipe, run) for recipe in recipes for run in recipe.runs]
         for recipe, run in tqdm(jobs, desc="synthetic imagery runs", unit="run", disable=not progress):
             folder = work / f"S{recipe.subject:03d}"
@@ -758,34 +756,3 @@ def motor_imagery_subjects_from_json(path: str | Path) -> tuple[int, tuple[Motor
         MotorImagerySubject(**dict(s, runs=tuple(s["runs"]), start=tuple(s["start"]))) for s in recipe["subjects"]
     )
     return recipe["seed"], subjects
-
-
-# ---------------------------------------------------------------- shared
-
-
-class _atomic_folder:
-    """``with _atomic_folder(out, overwrite) as work:`` — write into ``work`` beside ``out``, moved in at the end."""
-
-    def __init__(self, out_dir: str | Path, overwrite: bool):
-        self.out_dir = Path(out_dir)
-        if self.out_dir.exists() and not overwrite:
-            raise UserError(f"{self.out_dir}: already exists; pass overwrite=True to replace it")
-
-    def __enter__(self) -> Path:
-        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.work = Path(tempfile.mkdtemp(dir=self.out_dir.parent, prefix=f".{self.out_dir.name}.tmp-"))
-        return self.work
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        try:
-            if exc_type is None:
-                old = None
-                if self.out_dir.exists():
-                    old = self.out_dir.with_name(f".{self.out_dir.name}.old-{os.getpid()}")
-                    os.replace(self.out_dir, old)
-                os.replace(self.work, self.out_dir)
-                if old is not None:
-                    shutil.rmtree(old)
-        finally:
-            if self.work.exists():
-                shutil.rmtree(self.work)

@@ -510,11 +510,10 @@ class EegTask(Task):
         return tuple(sizes) if sizes and len(sizes) == n_classes else tuple(str(k) for k in range(n_classes))
 
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
-        from workbench.domains.eeg import plots
+        from workbench.domains.plots import confusion_matrices
 
         first = next(iter(evaluations.values()))
-        return [plots.confusion_matrices(evaluations, self._classes(first.predictions["probabilities"].shape[1]),
-                                         out_dir)]  # fmt: skip
+        return [confusion_matrices(evaluations, self._classes(first.predictions["probabilities"].shape[1]), out_dir)]
 
     # -- batch prediction ------------------------------------------------------------------------
     def predict_folder(self, model: nn.Module, folder: Path, state: Mapping[str, Any]) -> Predictions:

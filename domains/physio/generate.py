@@ -43,8 +43,8 @@ from typing import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
-from workbench.domains.eeg.generate import _atomic_folder
 
+from workbench.checkpoint import atomic_folder
 from workbench.errors import UserError
 
 #: ECGSYN's normal beat (neurokit2's defaults): angles [°], heights and widths of P, Q, R, S, T.
@@ -262,7 +262,7 @@ def generate_physio_sites(
         "sites": [asdict(site) for site in sites],
         "subjects": [],
     }
-    with _atomic_folder(out_dir, overwrite) as work:
+    with atomic_folder(out_dir, overwrite) as work:
         jobs = [(site, subject) for site in sites for subject in recipes[site.name]]
         for site, subject in tqdm(jobs, desc="synthetic ECG records", unit="record", disable=not progress):
             folder = work / f"site-{site.name}"
