@@ -15,6 +15,7 @@ SMALL_SETTINGS = {
     "graphs_quickstart.ipynb": {"EPOCHS": 3, "NODES": 200},
     "ecg_quickstart.ipynb": {"EPOCHS": 2, "DISTILL_EPOCHS_FACTOR": 1},
     "eeg_quickstart.ipynb": {"EPOCHS": 2},
+    "physio_quickstart.ipynb": {"EPOCHS": 2},
 }
 #: A line each notebook prints when it ran to its end.
 EXPECTED = {
@@ -23,6 +24,7 @@ EXPECTED = {
     "graphs_quickstart.ipynb": "target accuracy",
     "ecg_quickstart.ipynb": "macro AUROC",
     "eeg_quickstart.ipynb": "window rows",
+    "physio_quickstart.ipynb": "balanced accuracy",
 }
 
 

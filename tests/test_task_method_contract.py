@@ -21,6 +21,7 @@ APPLIES = {
     "ptbxl": {"full", "readout", "lora", "htuning", "distill"},
     "sleepedf": {"full", "readout", "lora", "htuning"},
     "motor-imagery": {"full", "readout", "lora", "htuning"},
+    "physio": {"full", "readout", "lora", "htuning"},
     "csbm": {"full", "readout", "homophily", "mixed-filters", "udagcn"},
     "features": {
         "full",
@@ -42,6 +43,7 @@ TINY = {
     "csbm": {"epochs": 1, "nodes": 200},
     "sleepedf": {"epochs": 1, "train_size": 8, "val_size": 4, "batch_size": 4},
     "motor-imagery": {"epochs": 1, "train_size": 8, "val_size": 4, "batch_size": 4},
+    "physio": {"epochs": 1, "train_size": 16, "val_size": 8, "batch_size": 8},
     "features": {"epochs": 1, "train_size": 200, "val_size": 50, "pretrain_epochs": 10},
 }
 

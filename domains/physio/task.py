@@ -1,0 +1,339 @@
+"""The ``physio`` task: heartbeat classes (AAMI N, S, V, F) at a new site, from a few labelled patients.
+
+The situation it models (GitHub issue 12): a hospital with a few labelled recordings adapts a pretrained
+physiological backbone to its own beats. The PhysioPFM method (LoRA weights generated from the site's class
+descriptors, no backprop at the site) is being built; today the task runs the methods PhysioPFM is measured
+against: local LoRA trained by backprop (``lora``, the default for now), local full fine-tuning (``full``) and
+a linear probe of the frozen backbone (``readout``).
+
+Data (`workbench.domains.physio`, read through wfdb):
+
+- default: one site of the embedded synthetic multi-site ECG (``--target-site``, default D, the wearable patch;
+  card ``physio-synthetic``), its 6 subjects split below;
+- ``--data FOLDER``: the folder is the new site: MIT-BIH Arrhythmia (card ``mitbih``; 360 Hz, paced records left
+  out) or any folder of beat-annotated WFDB records; lead ``--lead`` (default MLII).
+
+Splits are by subject (record) only. With MIT-BIH's record names: de Chazal's DS1 records are the site's labelled
+patients (``--val-subjects`` of them, drawn with ``--seed``, for early stopping) and DS2 its test patients;
+otherwise the subjects are shuffled with ``--seed``, ``--test-subjects`` (default 2) and ``--val-subjects``
+(default 1) held out. The subjects of each split go into ``metrics.json`` (``data_summary.split``).
+
+Inputs: a window of the lead around each annotated R peak (0.24 s before, 0.46 s after), resampled to the
+backbone's rate (250 Hz, polyphase; the resampling is recorded in ``data_summary.notes``), z-scored per beat:
+175 samples. Classes: N, S, V, F — AAMI's Q (paced, unclassifiable) is left out and counted; a class absent at
+the site is reported (``data_summary.absent_classes``), not an error.
+
+Loss: cross-entropy weighted by the inverse training frequency of each class (mean weight 1 over the beats;
+``--unweighted-loss`` is plain cross-entropy): normal beats outnumber the others tenfold or more.
+
+Metrics (test patients, higher is better): ``balanced_accuracy`` (headline), ``accuracy``, ``macro_f1`` (classes
+present), ``cohen_kappa``, ``recall_N`` … ``recall_F`` (0 for a class absent from the test patients).
+
+Shapes:
+    a sample's ``beat`` (175,) float32; a batch (beats (batch, 175) float32, labels (batch,) int64); model output
+    (batch, 4) logits.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from workbench.domains.physio.beats import (
+    AAMI_CLASSES,
+    BeatSet,
+    inter_patient_split,
+    read_beat_folder,
+    read_mitbih,
+)
+from workbench.models.physio import BACKBONE_RATE_HZ
+
+from workbench.errors import UserError
+from workbench.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1, per_class_recall
+from workbench.model import spec_of
+from workbench.options import Option
+from workbench.registry import tasks
+from workbench.task import Evaluation, Task, TaskData
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = Path(__file__).resolve().parent / "embedded"
+#: The classes of the task (AAMI without Q).
+CLASSES = AAMI_CLASSES[:4]
+BEFORE_S, AFTER_S = 0.24, 0.46  # whole samples at 250, 360 and 500 Hz: 175 at the backbone's rate
+#: Samples of a beat at the backbone's rate.
+BEAT_SAMPLES = round(BEFORE_S * BACKBONE_RATE_HZ) + round(AFTER_S * BACKBONE_RATE_HZ)
+SITES = ("A", "B", "C", "D")
+
+
+@dataclass
+class BeatSample:
+    """One beat: ``beat (175,)`` float32 (resampled, z-scored), its class index and subject."""
+
+    beat: np.ndarray
+    label: int
+    subject: str
+
+
+@dataclass
+class SiteData:
+    """What `Physio.read` returns: the site's beats (at the site's rate), the subject split, where they came from."""
+
+    beats: BeatSet
+    split: dict[str, list[str]]
+    source: str
+    description: str
+
+
+def model_inputs(beats_mv: np.ndarray, fs_hz: float) -> np.ndarray:
+    """Beats (n, samples at ``fs_hz``) [mV] → the backbone's inputs (n, 175): resampled to 250 Hz, z-scored each."""
+    from scipy.signal import resample_poly
+
+    ratio = Fraction(BACKBONE_RATE_HZ / fs_hz).limit_denominator(1000)
+    x = np.asarray(beats_mv, np.float64)
+    if ratio != 1:
+        x = resample_poly(x, ratio.numerator, ratio.denominator, axis=1)
+    if x.shape[1] != BEAT_SAMPLES:  # a rounding sample at rates whose windows are not whole
+        x = (
+            x[:, :BEAT_SAMPLES]
+            if x.shape[1] > BEAT_SAMPLES
+            else np.pad(x, ((0, 0), (0, BEAT_SAMPLES - x.shape[1])), "edge")
+        )
+    centred = x - x.mean(axis=1, keepdims=True)
+    return (centred / np.maximum(centred.std(axis=1, keepdims=True), 1e-6)).astype(np.float32)
+
+
+def split_subjects(subjects: Sequence[str], val_subjects: int, test_subjects: int, seed: int) -> dict[str, list[str]]:
+    """Shuffled with ``seed``: ``test_subjects`` test, ``val_subjects`` validation, the rest train (each sorted)."""
+    unique = sorted(set(subjects))
+    if val_subjects < 1 or test_subjects < 1:
+        raise UserError(f"--val-subjects and --test-subjects must be at least 1, got {val_subjects}, {test_subjects}")
+    if len(unique) < val_subjects + test_subjects + 1:
+        raise UserError(
+            f"the site has {len(unique)} subject(s) ({', '.join(unique)}): holding out {val_subjects} validation and "
+            f"{test_subjects} test subject(s) leaves none labelled; lower --val-subjects / --test-subjects"
+        )
+    order = [unique[i] for i in np.random.default_rng(seed).permutation(len(unique))]
+    return {
+        "train": sorted(order[test_subjects + val_subjects :]),
+        "val": sorted(order[test_subjects : test_subjects + val_subjects]),
+        "test": sorted(order[:test_subjects]),
+    }
+
+
+@tasks.register
+class Physio(Task):
+    """Heartbeat classes (AAMI N, S, V, F) at a new site from a few labelled patients (PhysioPFM's problem)."""
+
+    name = "physio"
+    description = "Heartbeat classes N/S/V/F at a new site (synthetic multi-site ECG or MIT-BIH); PhysioPFM's problem"
+    card = "physio-synthetic"
+    reads = ("mitbih",)
+    requires = ("wfdb", "neurokit2", "scipy")
+    extra = "physio"
+    default_model = "patch-gpt"
+    default_method = "lora"
+    capabilities = frozenset({"sample_losses", "class_labels"})
+    baselines = ("full", "readout")
+    metrics = ("balanced_accuracy", "accuracy", "macro_f1", "cohen_kappa") + tuple(f"recall_{c}" for c in CLASSES)
+    metrics_note = (
+        "Scores on the test patients' beats (subject-wise split, data_summary.split in metrics.json), higher is "
+        "better: balanced accuracy (mean recall over the classes present), accuracy, macro F1, Cohen's kappa and "
+        "per-class recall. The backbone is the shipped pretrained patch-gpt with a fresh head."
+    )
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "epochs": 20,
+        "batch_size": 32,
+        "train_size": 100_000,
+        "val_size": 100_000,
+        "patience": 6,
+        "learning_rate": 1e-3,
+    }
+    options = (
+        Option("target_site", str, "D", "the embedded site adapted to (without --data)", choices=SITES),
+        Option("val_subjects", int, 1, "labelled subjects held out for validation (early stopping)"),
+        Option("test_subjects", int, 2, "subjects held out for the test scores (without DS1/DS2)"),
+        Option("lead", str, "MLII", "the ECG lead beats are cut from (its name in the WFDB headers)"),
+        Option("unweighted_loss", bool, False, "plain cross-entropy instead of the class-weighted one"),
+        Option(
+            "on_bad_record",
+            str,
+            "raise",
+            "a bad record stops the run or is skipped and reported",
+            choices=("raise", "skip"),
+        ),  # fmt: skip
+    )
+    examples = (
+        "workbench adapt --domain physio                     # local LoRA on the pretrained backbone + full, probe",
+        "workbench adapt --domain physio --target-site B --test-subjects 3",
+        "workbench adapt --domain physio --data ~/mit-bih-arrhythmia-database-1.0.0   # DS1 labelled, DS2 test",
+    )
+
+    # -- data and model --------------------------------------------------------------------------
+    def read(self, data: str | Path | None, seed: int = 0) -> SiteData:
+        common = {"lead": self.config["lead"], "before_s": BEFORE_S, "after_s": AFTER_S, "progress": self.progress,
+                  "on_error": self.config["on_bad_record"]}  # fmt: skip
+        if data is None:
+            site = self.config["target_site"]
+            beats = read_beat_folder(EMBEDDED / f"site-{site}", **common)
+            description = f"embedded synthetic multi-site ECG, site {site}"
+        else:
+            root = Path(data)
+            if not root.is_dir():
+                raise UserError(f"{root}: no such folder (give --data a folder of WFDB records with .atr beats)")
+            probe = read_beat_folder(root, **common)
+            beats = read_mitbih(root, **common) if inter_patient_split(probe) is not None else probe
+            description = f"beat-annotated WFDB records at {root}"
+        beats = _four_classes(beats)
+        split = self._split(beats, seed)
+        self._check_split(beats, split)
+        return SiteData(beats, split, beats.source, description)
+
+    def _split(self, beats: BeatSet, seed: int) -> dict[str, list[str]]:
+        parts = inter_patient_split(beats)
+        if parts is None:
+            return split_subjects(beats.subjects.tolist(), self.config["val_subjects"],
+                                  self.config["test_subjects"], seed)  # fmt: skip
+        labelled = sorted(set(parts["DS1"].subjects.tolist()))
+        test = sorted(set(parts["DS2"].subjects.tolist()))
+        if len(labelled) <= self.config["val_subjects"]:
+            raise UserError(f"{beats.source}: DS1 has {len(labelled)} record(s) here; --val-subjects leaves none")
+        val = sorted(np.random.default_rng(seed).choice(labelled, self.config["val_subjects"], replace=False))
+        return {"train": [s for s in labelled if s not in val], "val": [str(s) for s in val], "test": test}
+
+    def _check_split(self, beats: BeatSet, split: Mapping[str, Sequence[str]]) -> None:
+        """Labelled beats of at least two classes; no subject in two splits."""
+        shared = set(split["train"]) & (set(split["val"]) | set(split["test"])) | set(split["val"]) & set(split["test"])
+        if shared:
+            raise UserError(f"{beats.source}: subject(s) {sorted(shared)} would be in two splits")
+        labelled = np.isin(beats.subjects, split["train"])
+        present = sorted({CLASSES[k] for k in beats.labels[labelled]})
+        if len(present) < 2:
+            raise UserError(
+                f"{beats.source}: the labelled subjects {split['train']} have beats of {present or 'no'} class only; "
+                "a classifier needs at least two (choose other subjects: --seed, --test-subjects)"
+            )
+
+    def model_sizes(self) -> dict[str, Any]:
+        return {"n_times": BEAT_SAMPLES, "n_outputs": len(CLASSES), "sfreq": BACKBONE_RATE_HZ}
+
+    def prepare(self, model: nn.Module, raw: SiteData, train_size: int, val_size: int, seed: int):
+        spec = spec_of(model)
+        if spec is None or spec.signal is None or spec.signal.n_times != BEAT_SAMPLES:
+            raise UserError(f"task 'physio' needs a model of {BEAT_SAMPLES}-sample beats at 250 Hz (patch-gpt)")
+        beats, rng = raw.beats, np.random.default_rng(seed)
+        inputs = model_inputs(beats.beats_mv, beats.fs_hz)
+        samples = {}
+        for name, limit in (("train", train_size), ("val", val_size), ("test", None)):
+            index = np.flatnonzero(np.isin(beats.subjects, raw.split[name]))
+            if limit is not None and len(index) > limit:
+                index = np.sort(rng.choice(index, size=limit, replace=False))
+            samples[name] = [BeatSample(inputs[i], int(beats.labels[i]), str(beats.subjects[i])) for i in index]
+        counts = np.bincount([s.label for s in samples["train"]], minlength=len(CLASSES)).astype(float)
+        weights = np.where(counts > 0, counts.sum() / np.maximum(counts, 1) / (counts > 0).sum(), 0.0)
+        self._class_weights = None if self.config["unweighted_loss"] else weights
+        notes = []
+        if beats.fs_hz != BACKBONE_RATE_HZ:
+            notes.append(f"beats resampled from {beats.fs_hz:g} Hz to the backbone's {BACKBONE_RATE_HZ:g} Hz")
+        class_counts = {
+            name: dict(zip(CLASSES, np.bincount([s.label for s in part], minlength=len(CLASSES)).tolist()))
+            for name, part in samples.items()
+        }
+        summary = {
+            "data": raw.description,
+            "split": raw.split,
+            "beats": {name: len(part) for name, part in samples.items()},
+            "class_counts": class_counts,
+            "absent_classes": [c for c in CLASSES if not (beats.labels == CLASSES.index(c)).any()],
+            "class_weights": None if self._class_weights is None else self._class_weights.round(4).tolist(),
+            "sfreq_hz": beats.fs_hz,
+            "lead": beats.lead,
+            "excluded": dict(beats.excluded),
+            "skipped_records": [str(problem) for problem in beats.skipped],
+            "notes": notes,
+        }
+        return TaskData(samples["train"], samples["val"], samples["test"], raw.source, summary), {"classes": CLASSES}
+
+    def restore(self, model: nn.Module, state: Mapping[str, Any]) -> None:
+        """Nothing of the data lives in the model."""
+
+    def test_samples(self, model: nn.Module, raw: SiteData) -> list[BeatSample]:
+        beats = raw.beats
+        inputs = model_inputs(beats.beats_mv, beats.fs_hz)
+        index = np.flatnonzero(np.isin(beats.subjects, raw.split["test"]))
+        return [BeatSample(inputs[i], int(beats.labels[i]), str(beats.subjects[i])) for i in index]
+
+    # -- training and scoring --------------------------------------------------------------------
+    def collate(self, samples: Sequence[BeatSample], device: torch.device):
+        beats = torch.as_tensor(np.stack([s.beat for s in samples]), device=device)
+        return beats, torch.as_tensor([s.label for s in samples], dtype=torch.int64, device=device)
+
+    def _cross_entropy(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str) -> torch.Tensor:
+        weights = getattr(self, "_class_weights", None)
+        weight = None if weights is None else torch.as_tensor(weights, dtype=logits.dtype, device=logits.device)
+        return F.cross_entropy(logits, labels, weight=weight, reduction=reduction)
+
+    def logits_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of logits (batch, 4) against class indices (batch,), class-weighted as in training:
+        the loss of methods that compute the logits themselves (H-Tuning)."""
+        return self._cross_entropy(logits, labels, "none").mean()
+
+    def sample_losses(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Cross-entropy of each beat (class-weighted unless ``--unweighted-loss``), shape (batch,)."""
+        beats, labels = batch
+        return self._cross_entropy(model(beats), labels, "none")
+
+    def loss(self, model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
+        return self.sample_losses(model, batch).mean()
+
+    def batch_labels(self, batch: Any) -> torch.Tensor:
+        return batch[1]
+
+    def evaluate(self, model: nn.Module, samples: Sequence[BeatSample], device) -> Evaluation:
+        model.eval()
+        parameter = next(model.parameters())
+        truth = np.array([s.label for s in samples], np.int64)
+        beats = np.stack([s.beat for s in samples])
+        chunks = [torch.as_tensor(beats[i : i + 256], dtype=parameter.dtype, device=parameter.device)
+                  for i in range(0, len(beats), 256)]  # fmt: skip
+        with torch.no_grad():
+            logits = torch.cat([model(chunk) for chunk in chunks])
+        probabilities = torch.softmax(logits.float(), dim=1).cpu().numpy()
+        predicted = probabilities.argmax(axis=1)
+        kappa = cohen_kappa(truth, predicted)
+        metrics = {
+            "balanced_accuracy": balanced_accuracy(truth, predicted),
+            "accuracy": accuracy(truth, predicted),
+            "macro_f1": macro_f1(truth, predicted),
+            "cohen_kappa": 0.0 if np.isnan(kappa) else kappa,
+        }
+        recall = per_class_recall(truth, predicted, labels=range(len(CLASSES)))
+        metrics.update({f"recall_{c}": float(0.0 if np.isnan(r) else r) for c, r in zip(CLASSES, recall)})
+        return Evaluation(metrics, {"truth": truth, "predicted": predicted, "probabilities": probabilities})
+
+    def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
+        from workbench.domains.plots import confusion_matrices
+
+        return [confusion_matrices(evaluations, CLASSES, out_dir, samples="beats")]
+
+    # -- data commands ---------------------------------------------------------------------------
+    def info(self, data: str | Path | None) -> str:
+        raw = self.read(data)
+        return "\n".join([f"source: {raw.description}", raw.beats.report(), f"split: {raw.split}"])
+
+
+def _four_classes(beats: BeatSet) -> BeatSet:
+    """The beats of N, S, V, F (AAMI's Q left out and counted)."""
+    keep = beats.labels < len(CLASSES)
+    subset = beats.subset(keep)
+    subset.classes = CLASSES
+    if (~keep).sum():
+        subset.excluded["class Q (paced, unclassifiable) left out"] = int((~keep).sum())
+    return subset
