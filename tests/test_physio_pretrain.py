@@ -79,3 +79,14 @@ def test_the_shipped_backbone_is_the_default():
     assert family.files() == [SHIPPED_BACKBONE]
     fresh = family.load(n_times=175, n_outputs=4, sfreq=250.0, pretrained=False)
     assert not torch.equal(fresh.position, model.position)
+
+
+@pytest.mark.slow
+def test_workbench_pretrain_makes_a_loadable_backbone(tmp_path):
+    from workbench.registry import tasks
+
+    out = tmp_path / "backbone.safetensors"
+    message = tasks.get("physio")().pretrain(out, epochs=1, quiet=True)
+    assert "validation" in message and out.is_file()
+    model = models.get("patch-gpt")().load(out, n_times=175, n_outputs=4, sfreq=250.0)
+    assert model.architecture["n_layers"] == 6

@@ -1,8 +1,8 @@
 """Next-patch pretraining of the shipped PhysioPFM backbone on a generated physiological corpus.
 
-    python -m workbench.domains.physio.pretrain --out models/checkpoints/patch_gpt_physio.safetensors
+    workbench pretrain --domain physio --out models/checkpoints/patch_gpt_physio.safetensors --epochs 60
 
-(``workbench pretrain --domain physio`` once the physio task exists.) Corpus (`physio_corpus`), every series at
+(or ``python -m workbench.domains.physio.pretrain --out ...``). Corpus (`physio_corpus`), every series at
 `BACKBONE_RATE_HZ` in 4 s segments, each z-scored on its own (the backbone reads shapes, not units):
 
 - ECG of the synthetic sites' recipe (`workbench.domains.physio.generate`, seed `PRETRAIN_SEED` — other subjects

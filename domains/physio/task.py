@@ -324,6 +324,17 @@ class Physio(Task):
         return [confusion_matrices(evaluations, CLASSES, out_dir, samples="beats")]
 
     # -- data commands ---------------------------------------------------------------------------
+    def pretrain(self, out: Path, epochs: int = 60, seed: int = 0, device: str = "auto", quiet: bool = False) -> str:
+        """The shipped backbone, made by next-patch prediction on the generated corpus
+        (`workbench.domains.physio.pretrain`)."""
+        from workbench.domains.physio.pretrain import physio_corpus, pretrain_patch_gpt
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        corpus = physio_corpus()
+        scores = pretrain_patch_gpt(corpus, out, epochs=epochs, seed=seed, device=device, progress=not quiet)
+        return f"wrote {out} (patch-gpt backbone, no head); validation {scores}"
+
     def info(self, data: str | Path | None) -> str:
         raw = self.read(data)
         return "\n".join([f"source: {raw.description}", raw.beats.report(), f"split: {raw.split}"])
