@@ -16,7 +16,9 @@ from workbench.registry import models
 
 def small(**options) -> PatchGPT:
     torch.manual_seed(0)
-    return models.get("patch-gpt")().load(n_times=175, n_outputs=4, sfreq=250.0, n_layers=2, pretrained=False, **options)
+    return models.get("patch-gpt")().load(
+        n_times=175, n_outputs=4, sfreq=250.0, n_layers=2, pretrained=False, **options
+    )
 
 
 def test_shapes_spec_and_sizes():
