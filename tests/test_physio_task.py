@@ -58,7 +58,7 @@ def test_splits_are_subject_disjoint_and_need_two_labelled_classes():
         split = task.read(None, seed).split
         sets = [set(split[k]) for k in ("train", "val", "test")]
         assert not (sets[0] & sets[1] or sets[0] & sets[2] or sets[1] & sets[2])
-    with pytest.raises(UserError, match="leaves none labelled"):
+    with pytest.raises(UserError, match="leaves none to train on"):
         tasks.get("physio")(test_subjects=5).read(None, 0)
 
 

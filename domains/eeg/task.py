@@ -81,6 +81,7 @@ from workbench.domains.eeg.readers import (
 )
 from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, read_sleep_edf
 from workbench.domains.records import BadRecordError
+from workbench.domains.splits import split_subjects
 from workbench.models.eeg import CHECKPOINTS
 
 from workbench.datacard import load_card
@@ -128,29 +129,6 @@ def scale_windows(signals_uv: np.ndarray, scaling: str) -> np.ndarray:
         centred = x - x.mean(axis=-1, keepdims=True)
         return (centred / np.maximum(centred.std(axis=-1, keepdims=True), _SMALLEST_SD_UV)).astype(np.float32)
     raise UserError(f"--scaling must be one of {SCALINGS}, got {scaling!r}")
-
-
-def split_subjects(subjects: Sequence[str], val_subjects: int, test_subjects: int, seed: int) -> dict[str, list[str]]:
-    """Subjects shuffled with ``seed``: the first ``test_subjects`` test, the next ``val_subjects`` validation, the
-    rest train (each list sorted).
-
-    Raises:
-        UserError: a count below 1, or too few subjects to keep one for training.
-    """
-    unique = sorted(set(subjects))
-    if val_subjects < 1 or test_subjects < 1:
-        raise UserError(f"--val-subjects and --test-subjects must be at least 1, got {val_subjects}, {test_subjects}")
-    if len(unique) < val_subjects + test_subjects + 1:
-        raise UserError(
-            f"the data has {len(unique)} subject(s) ({', '.join(unique)}): holding out {val_subjects} validation and "
-            f"{test_subjects} test subject(s) leaves none to train on; lower --val-subjects / --test-subjects"
-        )
-    order = [unique[i] for i in np.random.default_rng(seed).permutation(len(unique))]
-    return {
-        "train": sorted(order[test_subjects + val_subjects :]),
-        "val": sorted(order[test_subjects : test_subjects + val_subjects]),
-        "test": sorted(order[:test_subjects]),
-    }
 
 
 @dataclass

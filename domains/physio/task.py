@@ -53,6 +53,7 @@ from workbench.domains.physio.beats import (
     read_beat_folder,
     read_mitbih,
 )
+from workbench.domains.splits import split_subjects
 from workbench.models.physio import BACKBONE_RATE_HZ
 
 from workbench.errors import UserError
@@ -108,24 +109,6 @@ def model_inputs(beats_mv: np.ndarray, fs_hz: float) -> np.ndarray:
         )
     centred = x - x.mean(axis=1, keepdims=True)
     return (centred / np.maximum(centred.std(axis=1, keepdims=True), 1e-6)).astype(np.float32)
-
-
-def split_subjects(subjects: Sequence[str], val_subjects: int, test_subjects: int, seed: int) -> dict[str, list[str]]:
-    """Shuffled with ``seed``: ``test_subjects`` test, ``val_subjects`` validation, the rest train (each sorted)."""
-    unique = sorted(set(subjects))
-    if val_subjects < 1 or test_subjects < 1:
-        raise UserError(f"--val-subjects and --test-subjects must be at least 1, got {val_subjects}, {test_subjects}")
-    if len(unique) < val_subjects + test_subjects + 1:
-        raise UserError(
-            f"the site has {len(unique)} subject(s) ({', '.join(unique)}): holding out {val_subjects} validation and "
-            f"{test_subjects} test subject(s) leaves none labelled; lower --val-subjects / --test-subjects"
-        )
-    order = [unique[i] for i in np.random.default_rng(seed).permutation(len(unique))]
-    return {
-        "train": sorted(order[test_subjects + val_subjects :]),
-        "val": sorted(order[test_subjects : test_subjects + val_subjects]),
-        "test": sorted(order[:test_subjects]),
-    }
 
 
 @tasks.register
