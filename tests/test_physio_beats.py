@@ -17,6 +17,7 @@ from workbench.domains.physio import (  # noqa: E402
     AAMI_CLASS_OF,
     DE_CHAZAL_SPLIT,
     PACED_RECORDS,
+    has_mitbih_names,
     inter_patient_split,
     read_beat_folder,
     read_mitbih,
@@ -91,6 +92,7 @@ def test_inter_patient_split_and_paced_records(tmp_path):
     assert set(read_mitbih(tmp_path / "mitbih", include_paced=True).records) == {"100", "101", "102"}
     copy_record(tmp_path / "other", "patient-a")
     assert inter_patient_split(read_beat_folder(tmp_path / "other")) is None  # not MIT-BIH names: no DS1/DS2
+    assert has_mitbih_names(tmp_path / "mitbih") and not has_mitbih_names(tmp_path / "other")
 
 
 def test_bad_records_are_named_raised_or_skipped_and_reported(tmp_path):

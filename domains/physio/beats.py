@@ -271,6 +271,12 @@ def read_mitbih(root: str | Path, *, lead: str = "MLII", include_paced: bool = F
     return read_beat_folder(root, lead=lead, expected_rate_hz=MITBIH_RATE_HZ, exclude_records=exclude, **options)
 
 
+def has_mitbih_names(root: str | Path, extension: str = "atr") -> bool:
+    """Whether ``root`` holds beat-annotated records and every one has a MIT-BIH record name (100–234)."""
+    names = {path.stem for path in Path(root).rglob(f"*.{extension}")}
+    return bool(names) and all(_MITBIH_NAME.match(name) for name in names)
+
+
 def inter_patient_split(beats: BeatSet) -> dict[str, BeatSet] | None:
     """de Chazal's DS1 / DS2 when every record has a standard MIT-BIH name (``100``–``234``), else None."""
     names = set(beats.records.tolist())

@@ -49,6 +49,7 @@ from torch import nn
 from workbench.domains.physio.beats import (
     AAMI_CLASSES,
     BeatSet,
+    has_mitbih_names,
     inter_patient_split,
     read_beat_folder,
     read_mitbih,
@@ -171,8 +172,7 @@ class Physio(Task):
             root = Path(data)
             if not root.is_dir():
                 raise UserError(f"{root}: no such folder (give --data a folder of WFDB records with .atr beats)")
-            probe = read_beat_folder(root, **common)
-            beats = read_mitbih(root, **common) if inter_patient_split(probe) is not None else probe
+            beats = (read_mitbih if has_mitbih_names(root) else read_beat_folder)(root, **common)
             description = f"beat-annotated WFDB records at {root}"
         beats = _four_classes(beats)
         split = self._split(beats, seed)
