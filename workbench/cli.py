@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--seed", type=int, default=0)
     pretrain.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     pretrain.add_argument("--quiet", action="store_true")
+    pretrain.add_argument("--stage", help="what to make, for tasks that pretrain in stages (default: the model)")
     return parser
 
 
@@ -239,7 +240,15 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"scored {record['records']} record(s), {record['failed']} failed; wrote {args.output}")
     elif args.command == "pretrain":
         task = tasks.get(args.domain)()
-        print(task.pretrain(Path(args.out), epochs=args.epochs, seed=args.seed, device=args.device, quiet=args.quiet))
+        import inspect
+
+        from workbench.errors import UserError
+
+        stage = {} if args.stage is None else {"stage": args.stage}
+        if stage and "stage" not in inspect.signature(task.pretrain).parameters:
+            raise UserError(f"--stage: task '{args.domain}' pretrains in one stage; leave --stage out")
+        print(task.pretrain(Path(args.out), epochs=args.epochs, seed=args.seed, device=args.device, quiet=args.quiet,
+                            **stage))  # fmt: skip
     return 0
 
 

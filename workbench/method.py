@@ -17,7 +17,12 @@ A method hooks into the run at named points, in this order:
   resume), so a method seeds its randomness with ``seed * 1_000_003 + step`` (``seed`` from ``setup``) and a
   resumed run draws what an uninterrupted one would. Validation always uses ``loss``;
 - ``diagnostics(task, model, data)``: extra numbers for ``metrics.json`` after training;
-- ``merge(model)``: fold adapters into plain weights at the end.
+- ``merge(model)``: fold adapters into plain weights at the end;
+- ``save_outputs(folder)``: the chosen method writes what its stages made (a generator, descriptors) into
+  ``<run>/<method name>/``.
+
+A method with ``trains = False`` adapts in ``setup`` alone (weights generated, not trained): the trainer does not
+run for it and its ``train_seconds`` are 0.
 
 A method that learns from another model (distillation, ``takes_teacher``) and runs as a baseline receives
 the model the run's chosen method adapted through ``set_teacher(model)`` before ``setup``.
@@ -53,6 +58,10 @@ class Method:
     learning_rate: ClassVar[float] = 1e-3
     #: Method-specific options, e.g. ``rank``.
     options: ClassVar[tuple[Option, ...]] = ()
+    #: False for methods that take no gradient step on the task's data (everything happens in ``setup``).
+    trains: ClassVar[bool] = True
+    #: Whether long set-up work shows a progress bar (the run sets it; off with ``--quiet``).
+    progress: bool = True
     #: True for methods that learn from a teacher model: a run hands them its chosen method's adapted model.
     takes_teacher: ClassVar[bool] = False
     #: The model families (`workbench.model.ModelSpec.family`) the method can adapt; empty for any.
@@ -113,6 +122,9 @@ class Method:
     def merge(self, model: nn.Module) -> nn.Module:
         """Fold adapters into the base weights; returns a plain model (identity for weight-only methods)."""
         return model
+
+    def save_outputs(self, folder: Path) -> None:
+        """Write what the method's stages made besides the adapter into ``folder`` (default: nothing)."""
 
     def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """What the method owns apart from the frozen base: every trainable parameter, by name."""

@@ -58,10 +58,12 @@ def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
 def learning_curves(
     results: Mapping[str, Mapping[str, Any]], out_dir: Path, name: str = "learning_curves.png"
 ) -> tuple[str, str]:
-    """Training and validation loss per epoch for every method (log scale)."""
+    """Training and validation loss per epoch for every method that trains (log scale)."""
     figure = Figure(figsize=(6.4, 4.2))
     axis = figure.subplots()
     for index, (method, result) in enumerate(results.items()):
+        if not result["history"]:  # a method that takes no gradient step
+            continue
         epochs = [h["epoch"] + 1 for h in result["history"]]
         color = f"C{index}"
         axis.plot(epochs, [h["val_loss"] for h in result["history"]], color=color, label=f"{method} (validation)")
@@ -70,7 +72,8 @@ def learning_curves(
     axis.set_yscale("log")
     axis.set_xlabel("epoch")
     axis.set_ylabel("loss (dotted: training)")
-    axis.legend(fontsize=8)
+    if axis.lines:
+        axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(Path(out_dir) / name, dpi=110)
     return "Learning curves (dots: the epoch whose weights were kept)", name

@@ -9,6 +9,7 @@ Run directory::
     log.txt                 the log
     results/                one finished method each (metrics, history, predictions): what --resume reuses
     checkpoints/            the method in training, one file per method, removed when the run completes
+    <method>/               what the chosen method's stages made besides the adapter (`Method.save_outputs`)
 """
 
 from __future__ import annotations
@@ -408,23 +409,11 @@ def _run_method(
             ema_decay=config.ema_decay or None,
         )
     )
+    method.progress = progress
     with PeakMemory(device) as memory:  # the memory of this method's set-up and training alone
         method.setup(task, model, data, config.seed)
-        trainer = Trainer(
-            model,
-            functools.partial(method.loss, task),
-            task.collate,
-            data.train,
-            data.val,
-            settings,
-            checkpoint_path=out_dir / "checkpoints" / f"{entry}.pt",
-            device=device,
-            progress=progress,
-            label=entry,
-            epoch_start=method.start_epoch,
-            gradients=functools.partial(method.gradients, task),
-        )
-        history = trainer.fit(resume=resume)
+        history = _train(method, task, model, data, settings, out_dir / "checkpoints" / f"{entry}.pt", device,
+                         progress, entry, resume)  # fmt: skip
     task_state = task.refit(model, data) or task_state
     evaluation = task.evaluate(model, data.test, device)
     evaluation.metrics.update(method.diagnostics(task, model, data))
@@ -434,9 +423,9 @@ def _run_method(
         "trainable_parameters": trainable,
         "total_parameters": total,
         "train_seconds": float(sum(h["seconds"] for h in history)),
-        "seconds_per_epoch": float(np.mean([h["seconds"] for h in history])),
+        "seconds_per_epoch": float(np.mean([h["seconds"] for h in history])) if history else 0.0,
         "epochs": len(history),
-        "best_epoch": trainer.best["epoch"],
+        "best_epoch": min(range(len(history)), key=lambda e: history[e]["val_loss"]) if history else -1,
         "peak_memory_bytes": memory.peak_bytes,
         "training_memory_bytes": memory.added_bytes,
         "task_state": task_state,
@@ -445,8 +434,41 @@ def _run_method(
     if rank == 0:
         if save_adapter:
             _save_adapter(out_dir, method, model, task_state)
+            method.save_outputs(out_dir / method.name)
         _save_result(out_dir, entry, result, evaluation)
     return result, evaluation
+
+
+def _train(
+    method: Method,
+    task: Task,
+    model: nn.Module,
+    data: TaskData,
+    settings: TrainSettings,
+    checkpoint: Path,
+    device: torch.device,
+    progress: bool,
+    label: str,
+    resume: bool,
+) -> list[dict[str, Any]]:
+    """Train a prepared model with the method's loss (the trainer's history); nothing for ``trains = False``."""
+    if not method.trains:
+        return []
+    trainer = Trainer(
+        model,
+        functools.partial(method.loss, task),
+        task.collate,
+        data.train,
+        data.val,
+        settings,
+        checkpoint_path=checkpoint,
+        device=device,
+        progress=progress,
+        label=label,
+        epoch_start=method.start_epoch,
+        gradients=functools.partial(method.gradients, task),
+    )
+    return trainer.fit(resume=resume)
 
 
 def _teacher(out_dir: Path, config: RunConfig) -> nn.Module:

@@ -30,6 +30,7 @@ CAPABILITIES = {
     "class_labels": "class labels of a batch (`Task.batch_labels`)",
     "embed": "features and class logits of a batch (`Task.embed`)",
     "target_pool": "unlabelled target samples (`TaskData.target`)",
+    "lora_bank": "a bank of LoRA adaptations of the default model to source sub-tasks (`Task.lora_bank`)",
     "predict": "batch prediction of a folder of inputs (`Task.predict_folder`, ``workbench predict``)",
 }
 
@@ -215,6 +216,10 @@ class Task:
     def sample_inputs(self, samples: Sequence[Any]) -> np.ndarray:
         """Input vectors (n, d) of samples, for density-ratio estimation in input space."""
         raise UserError(f"task '{self.name}' has no input vectors: density-ratio weighting does not fit it")
+
+    def lora_bank(self) -> Path:
+        """The task's bank of LoRA adaptations fitted on source sub-tasks (for weight-generating methods)."""
+        raise UserError(f"task '{self.name}' has no bank of LoRA adaptations")
 
     # -- batch prediction (``workbench predict``) ---------------------------------------------------
     def predict_folder(self, model: nn.Module, folder: Path, state: Mapping[str, Any]) -> "Predictions":

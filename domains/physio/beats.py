@@ -124,6 +124,19 @@ class BeatSet:
         return "\n".join(lines)
 
 
+@dataclass
+class RecordBeats:
+    """One record's beats (`read_record_beats`): windows ``beats_mv`` (n, n_samples) [mV]; ``labels``, ``r_peaks``
+    (samples) and annotation ``symbols`` (n,); what was ``excluded``, by reason; the record's rate [Hz]."""
+
+    beats_mv: np.ndarray
+    labels: np.ndarray
+    r_peaks: np.ndarray
+    symbols: np.ndarray
+    excluded: Counter
+    fs_hz: float
+
+
 def read_annotated_beats(
     path: str | Path,
     *,
@@ -136,6 +149,26 @@ def read_annotated_beats(
     classes: Sequence[str] = AAMI_CLASSES,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Counter, float]:
     """One record's beats: (beats (n, n_samples) [mV], labels (n,), R-peak samples (n,), what was excluded, rate).
+
+    The same as `read_record_beats` (which also gives each beat's annotation symbol), as a tuple."""
+    one = read_record_beats(path, lead=lead, before_s=before_s, after_s=after_s, extension=extension,
+                            expected_rate_hz=expected_rate_hz, class_of=class_of, classes=classes)  # fmt: skip
+    return one.beats_mv, one.labels, one.r_peaks, one.excluded, one.fs_hz
+
+
+def read_record_beats(
+    path: str | Path,
+    *,
+    lead: str = "MLII",
+    before_s: float = 0.25,
+    after_s: float = 0.45,
+    extension: str = "atr",
+    expected_rate_hz: float | None = None,
+    class_of: Mapping[str, str] = AAMI_CLASS_OF,
+    classes: Sequence[str] = AAMI_CLASSES,
+) -> RecordBeats:
+    """One record's beats, each with its label, R-peak sample and annotation symbol (options: `read_beat_folder`'s;
+    ``class_of`` maps symbols to classes, beats of a class not in ``classes`` are counted, not read).
 
     Raises:
         BadRecordError: the record's checks (`workbench.domains.ecg.readers.read_raw_record`: missing or truncated
@@ -166,7 +199,7 @@ def read_annotated_beats(
         )
     before, after = round(before_s * raw.fs_hz), round(after_s * raw.fs_hz)
     excluded: Counter = Counter()
-    beats, labels, peaks = [], [], []
+    beats, labels, peaks, kept = [], [], [], []
     for sample, symbol in zip(samples, symbols):
         name = class_of.get(symbol)
         if name is None or name not in classes:
@@ -177,9 +210,11 @@ def read_annotated_beats(
             beats.append(signal[sample - before : sample + after])
             labels.append(list(classes).index(name))
             peaks.append(sample)
+            kept.append(symbol)
     window = before + after
     stacked = np.stack(beats).astype(np.float32) if beats else np.zeros((0, window), np.float32)
-    return stacked, np.array(labels, np.int64), np.array(peaks, np.int64), excluded, raw.fs_hz
+    return RecordBeats(stacked, np.array(labels, np.int64), np.array(peaks, np.int64), np.array(kept, dtype=str),
+                       excluded, raw.fs_hz)  # fmt: skip
 
 
 def read_beat_folder(

@@ -37,6 +37,7 @@ Shapes:
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -46,6 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from workbench.domains.physio.bank import SHIPPED_BANK, record_hashes
 from workbench.domains.physio.beats import (
     AAMI_CLASSES,
     BeatSet,
@@ -53,7 +55,9 @@ from workbench.domains.physio.beats import (
     inter_patient_split,
     read_beat_folder,
     read_mitbih,
+    read_record_beats,
 )
+from workbench.domains.records import BadRecordError, SkipReport
 from workbench.domains.splits import split_subjects
 from workbench.models.physio import BACKBONE_RATE_HZ
 
@@ -62,7 +66,7 @@ from workbench.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1
 from workbench.model import spec_of
 from workbench.options import Option
 from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData
+from workbench.task import Evaluation, Predictions, Task, TaskData
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,8 @@ BEFORE_S, AFTER_S = 0.24, 0.46  # whole samples at 250, 360 and 500 Hz: 175 at t
 #: Samples of a beat at the backbone's rate.
 BEAT_SAMPLES = round(BEFORE_S * BACKBONE_RATE_HZ) + round(AFTER_S * BACKBONE_RATE_HZ)
 SITES = ("A", "B", "C", "D")
+#: What ``--method physiopfm`` is compared with in the same run.
+PHYSIOPFM_BASELINES = ("physiopfm-none", "physiopfm-mean", "physiopfm-nearest", "readout", "physiopfm-local", "full")
 
 
 @dataclass
@@ -92,6 +98,9 @@ class SiteData:
     split: dict[str, list[str]]
     source: str
     description: str
+    site: str
+    #: sha256 of each record's .dat file (PhysioPFM refuses a bank fitted on any of them)
+    record_sha256: dict[str, str]
 
 
 def model_inputs(beats_mv: np.ndarray, fs_hz: float) -> np.ndarray:
@@ -124,7 +133,7 @@ class Physio(Task):
     extra = "physio"
     default_model = "patch-gpt"
     default_method = "lora"
-    capabilities = frozenset({"sample_losses", "class_labels"})
+    capabilities = frozenset({"sample_losses", "class_labels", "predict", "sample_inputs", "lora_bank"})
     baselines = ("full", "readout")
     metrics = ("balanced_accuracy", "accuracy", "macro_f1", "cohen_kappa") + tuple(f"recall_{c}" for c in CLASSES)
     metrics_note = (
@@ -177,7 +186,9 @@ class Physio(Task):
         beats = _four_classes(beats)
         split = self._split(beats, seed)
         self._check_split(beats, split)
-        return SiteData(beats, split, beats.source, description)
+        site = self.config["target_site"] if data is None else str(data)
+        records = record_hashes(EMBEDDED / f"site-{site}" if data is None else Path(data), sorted(set(beats.subjects)))
+        return SiteData(beats, split, beats.source, description, site, records)
 
     def _split(self, beats: BeatSet, seed: int) -> dict[str, list[str]]:
         parts = inter_patient_split(beats)
@@ -241,6 +252,8 @@ class Physio(Task):
             "excluded": dict(beats.excluded),
             "skipped_records": [str(problem) for problem in beats.skipped],
             "notes": notes,
+            "site": raw.site,
+            "record_sha256": raw.record_sha256,
         }
         return TaskData(samples["train"], samples["val"], samples["test"], raw.source, summary), {"classes": CLASSES}
 
@@ -253,7 +266,26 @@ class Physio(Task):
         index = np.flatnonzero(np.isin(beats.subjects, raw.split["test"]))
         return [BeatSample(inputs[i], int(beats.labels[i]), str(beats.subjects[i])) for i in index]
 
+    def lora_bank(self) -> Path:
+        """The shipped PhysioPFM bank (`workbench.domains.physio.bank`, card ``physiopfm-bank``)."""
+        if not SHIPPED_BANK.is_file():
+            raise UserError(f"{SHIPPED_BANK}: the PhysioPFM bank is missing; make it with workbench pretrain "
+                            f"--domain physio --stage bank --out {SHIPPED_BANK}")  # fmt: skip
+        return SHIPPED_BANK
+
+    @classmethod
+    def profile(cls, method: str) -> dict[str, Any]:
+        """PhysioPFM is compared with its own baselines (same head and adapters), the linear probe and full
+        fine-tuning."""
+        if method == "physiopfm":
+            return {"baselines": PHYSIOPFM_BASELINES}
+        return {}
+
     # -- training and scoring --------------------------------------------------------------------
+    def sample_inputs(self, samples: Sequence[BeatSample]) -> np.ndarray:
+        """The beats (n, 175) float32, as the model reads them (PhysioPFM's descriptors are made from them)."""
+        return np.stack([s.beat for s in samples])
+
     def collate(self, samples: Sequence[BeatSample], device: torch.device):
         beats = torch.as_tensor(np.stack([s.beat for s in samples]), device=device)
         return beats, torch.as_tensor([s.label for s in samples], dtype=torch.int64, device=device)
@@ -306,11 +338,86 @@ class Physio(Task):
 
         return [confusion_matrices(evaluations, CLASSES, out_dir, samples="beats")]
 
+    # -- batch prediction ------------------------------------------------------------------------
+    def predict_folder(self, model: nn.Module, folder: Path, state: Mapping[str, Any]) -> Predictions:
+        """Classify every beat of every beat-annotated WFDB record (``x.hea`` with ``x.atr``, recursively) of
+        ``folder``: one row per annotated N/S/V/F beat (record, R-peak sample and time, its annotation symbol, class
+        probabilities, predicted class), cut from the run's lead and preprocessed as in training (`model_inputs`).
+
+        AAMI Q beats (paced, unclassifiable), non-beat annotations and beats at a record's edges get no row; they
+        are counted in the facts (``excluded``). A bad record (`read_record_beats`: unreadable or truncated, lead
+        missing, NaN or flat signal, bad annotations) gets one row with ``status`` "error: <why>" and no scores, a
+        record without any N/S/V/F beat one "no beat" row; the others go on.
+        """
+        classes = list(state.get("classes", CLASSES))
+        folder = Path(folder)
+        headers = sorted(folder.rglob("*.hea"))
+        if not headers:
+            raise UserError(f"{folder}: no WFDB record (*.hea) in this folder")
+        annotated = [h for h in headers if h.with_suffix(".atr").is_file()]
+        if not annotated:
+            raise UserError(f"{folder}: no WFDB record with .atr beat annotations (x.hea + x.dat + x.atr)")
+        columns = ["record", "sample", "time_s", "annotation", "status"] + [f"p_{c}" for c in classes] + ["predicted"]
+        rows: list[dict[str, Any]] = []
+        skipped, excluded, rates, beats_read = SkipReport(), Counter(), set(), 0
+        model.eval()
+        parameter = next(model.parameters())
+        for header in annotated:
+            record = str(header.relative_to(folder).with_suffix(""))
+            try:
+                one = read_record_beats(header, lead=self.config["lead"], before_s=BEFORE_S, after_s=AFTER_S,
+                                        classes=CLASSES)  # fmt: skip
+            except BadRecordError as error:
+                skipped.add(record, error.problem)
+                rows.append({"record": record, "status": f"error: {error.problem}"})
+                continue
+            excluded.update(one.excluded)
+            rates.add(one.fs_hz)
+            if not len(one.labels):
+                rows.append({"record": record, "status": f"no beat of {'/'.join(CLASSES)} ({dict(one.excluded)})"})
+                continue
+            inputs = model_inputs(one.beats_mv, one.fs_hz)
+            with torch.no_grad():
+                logits = torch.cat([model(torch.as_tensor(inputs[i : i + 256], dtype=parameter.dtype,
+                                                          device=parameter.device))
+                                    for i in range(0, len(inputs), 256)])  # fmt: skip
+            probabilities = torch.softmax(logits.float(), dim=1).cpu().numpy()
+            for sample, symbol, p in zip(one.r_peaks, one.symbols, probabilities):
+                row = {"record": record, "sample": int(sample), "time_s": f"{sample / one.fs_hz:.4f}",
+                       "annotation": str(symbol), "status": "ok", "predicted": classes[int(p.argmax())]}  # fmt: skip
+                row.update({f"p_{c}": f"{p[k]:.6f}" for k, c in enumerate(classes)})
+                rows.append(row)
+            beats_read += len(probabilities)
+        facts = {
+            "classes": classes,
+            "lead": self.config["lead"],
+            "window_s": {"before_r_peak": BEFORE_S, "after_r_peak": AFTER_S},
+            "backbone_rate_hz": BACKBONE_RATE_HZ,
+            "record_rates_hz": sorted(rates),
+            "beats": beats_read,
+            "annotated_records": len(annotated),
+            "bad_records": len(skipped),
+            "skipped_records": [str(problem) for problem in skipped],
+            "excluded": dict(excluded),
+            "not_annotated": [str(h.relative_to(folder).with_suffix("")) for h in headers if h not in annotated],
+        }
+        return Predictions(columns, rows, facts)
+
     # -- data commands ---------------------------------------------------------------------------
-    def pretrain(self, out: Path, epochs: int = 60, seed: int = 0, device: str = "auto", quiet: bool = False) -> str:
-        """The shipped backbone, made by next-patch prediction on the generated corpus
-        (`workbench.domains.physio.pretrain`)."""
+    def pretrain(self, out: Path, epochs: int = 60, seed: int = 0, device: str = "auto", quiet: bool = False,
+                 stage: str = "backbone") -> str:  # fmt: skip
+        """Stage ``backbone``: the shipped backbone, made by next-patch prediction on the generated corpus
+        (`workbench.domains.physio.pretrain`); stage ``bank``: PhysioPFM's bank of LoRAs of that backbone on
+        sub-tasks of the embedded sites (`workbench.domains.physio.bank`; ``epochs`` are its steps per LoRA)."""
         from workbench.domains.physio.pretrain import physio_corpus, pretrain_patch_gpt
+
+        if stage == "bank":
+            from workbench.domains.physio.bank import build_physio_bank
+
+            bank = build_physio_bank(out, steps=epochs, seed=seed, progress=not quiet)
+            return f"wrote {out}: {len(bank.entries)} LoRAs of sites {bank.sites()}"
+        if stage != "backbone":
+            raise UserError(f"--stage {stage}: task 'physio' has the stages 'backbone' and 'bank'")
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"

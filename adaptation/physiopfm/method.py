@@ -1,0 +1,322 @@
+"""PhysioPFM as workbench methods: the generated LoRA (``physiopfm``) and the baselines it is measured against.
+
+Stages (the chosen method writes each one's output to ``<run>/physiopfm/``):
+
+(a) the bank (`workbench.adaptation.physiopfm.bank`): rank-4 LoRAs fitted on source sub-tasks with the fixed ETF
+    head — read from the task's shipped bank (``--bank`` for another), every entry of the target's own site left
+    out, and refused when one was fitted on the target's own records (same sha256);
+(b) descriptors (`workbench.adaptation.physiopfm.descriptors`): per-class PIP shapelets of each sub-task and of the
+    site's labelled examples (train and validation patients);
+(c) the generator (`workbench.adaptation.physiopfm.generator`): a conditional diffusion transformer over the
+    flattened factors, or the plain conditional regressor (``--generator regressor``), fitted on the bank — some
+    entries held out to measure how close generated updates come to fitted ones (``delta_cosine_held_out``);
+(d) the site: its descriptor → generated factors → written into the adapters → merged → predict. No gradient
+    step runs on the site's data (everything in `PhysioPFM.adapt_site` runs under ``torch.no_grad``; tested).
+
+Baselines (same head, same adapters): ``physiopfm-none`` (the frozen backbone with the ETF head),
+``physiopfm-mean`` (the mean of the bank's factors), ``physiopfm-nearest`` (the bank entry with the nearest
+descriptor), ``physiopfm-local`` (the same LoRA trained by backprop on the site's labelled examples: the upper
+bound). Metrics of the site's adaptation itself: ``site_adaptation_seconds`` and ``site_adaptation_memory_bytes``
+(what the stage added to the process at its peak), beside ``generator_fit_seconds`` and
+``generator_fit_memory_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+from workbench.adaptation import lora
+from workbench.adaptation.physiopfm.bank import (
+    LORA_SETTINGS,
+    Bank,
+    attach,
+    backbone_fingerprint,
+    check_bank_fits,
+    load_bank,
+    lora_scale,
+)
+from workbench.adaptation.physiopfm.descriptors import DESCRIPTOR_KINDS, class_prototypes, task_descriptor
+from workbench.adaptation.physiopfm.etf import EtfHead
+
+from workbench.checkpoint import save_tensors, write_json
+from workbench.errors import UserError
+from workbench.memory import PeakMemory
+from workbench.method import Method
+from workbench.model import require
+from workbench.options import Option
+from workbench.registry import methods
+
+if TYPE_CHECKING:
+    from workbench.task import Task, TaskData
+
+log = logging.getLogger(__name__)
+GENERATORS = ("diffusion", "regressor")
+
+
+class _BankMethod(Method):
+    """What every PhysioPFM variant shares: the ETF head and the bank's LoRA on the model, the bank, the site's
+    descriptor. Subclasses choose the factors (`choose_factors`)."""
+
+    model_families = ()
+    needs_model = ("head", "lora_target_groups")
+    needs_task = ("sample_inputs", "class_labels", "lora_bank")
+    trains = False
+    options = (
+        Option("bank", str, "", "a bank file (default: the task's shipped bank)"),
+        Option("bank_sites", str, "", "comma-separated bank sites to use (default: every site but the target's)"),
+        Option(
+            "descriptor",
+            str,
+            "shapelet",
+            "what describes a task: PIP shapelets or the raw class series",
+            choices=DESCRIPTOR_KINDS,
+        ),  # fmt: skip
+        Option("shapelet_points", int, 12, "perceptually important points per class shapelet"),
+        Option("shapelet_length", int, 32, "samples of each class shapelet"),
+    )
+
+    def check(self, task: "Task", data: "TaskData", model: nn.Module) -> None:
+        super().check(task, data, model)
+        spec = require(model, self.name, *self.needs_model)
+        n_classes = model.get_submodule(spec.head).out_features
+        bank = self._bank(task)
+        n_times = task.sample_inputs(data.train[:1]).shape[1]
+        check_bank_fits(bank, backbone_fingerprint(model, LORA_SETTINGS["targets"]), n_classes, n_times)
+        self._usable(bank, data)
+
+    def _bank(self, task: "Task") -> Bank:
+        return load_bank(self.config["bank"] or task.lora_bank())
+
+    def _usable(self, bank: Bank, data: "TaskData") -> Bank:
+        """The entries of the chosen sites; refused when one was fitted on the target's own records."""
+        target = data.summary.get("site")
+        chosen = [s.strip() for s in self.config["bank_sites"].split(",") if s.strip()]
+        unknown = sorted(set(chosen) - set(bank.sites()))
+        if unknown:
+            raise UserError(f"--bank-sites: {unknown} are not in the bank {bank.source} (its sites: {bank.sites()})")
+        sites = chosen or [s for s in bank.sites() if s != target]
+        usable = bank.select([i for i, e in enumerate(bank.entries) if e.provenance["site"] in sites])
+        own = set(data.summary.get("record_sha256", {}).values())
+        for entry in usable.entries:
+            shared = own & set(entry.provenance.get("record_sha256", {}).values())
+            if shared:
+                raise UserError(
+                    f"{bank.source}: the bank contains the target site: entry {entry.provenance['name']} (site "
+                    f"{entry.provenance['site']}) was fitted on {len(shared)} of the target's own records; leave that "
+                    "site out (--bank-sites)"
+                )
+        if len(usable.entries) < 2:
+            raise UserError(f"{bank.source}: {len(usable.entries)} entries of sites {sites}; the method needs ≥ 2")
+        return usable
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        head = model.get_submodule(require(model, self.name, "head").head)
+        return attach(model, head.out_features, self.name)
+
+    def descriptor(self, prototypes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        c = self.config
+        return task_descriptor(prototypes, counts, c["descriptor"], c["shapelet_points"], c["shapelet_length"])
+
+    def site_prototypes(self, task: "Task", data: "TaskData", n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Class prototypes and counts of the site's labelled examples (train and validation)."""
+        labelled = list(data.train) + list(data.val)
+        series = task.sample_inputs(labelled)
+        labels = task.batch_labels(task.collate(labelled, torch.device("cpu"))).numpy()
+        return class_prototypes(series, labels, n_classes)
+
+    def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
+        """Stages (a)-(c) on the bank, then (d) at the site, each with its own time and peak memory (the run's
+        ``training_memory_bytes`` of this method is then the site stage's: the last window measured)."""
+        self.bank = self._usable(self._bank(task), data)
+        self.n_classes = next(m for m in model.modules() if isinstance(m, EtfHead)).n_classes
+        self.diagnostics_ = {"bank_entries": float(len(self.bank.entries))}
+        device = next(model.parameters()).device
+        with PeakMemory(device) as memory:
+            self.fit(seed)
+        self.diagnostics_["generator_fit_memory_bytes"] = float(memory.added_bytes or memory.peak_bytes)
+        start = time.perf_counter()
+        with PeakMemory(device) as memory, torch.no_grad():
+            self.adapt_site(task, model, data, seed)
+        self.diagnostics_["site_adaptation_seconds"] = time.perf_counter() - start
+        self.diagnostics_["site_adaptation_memory_bytes"] = float(memory.added_bytes or memory.peak_bytes)
+
+    def fit(self, seed: int) -> None:
+        """Whatever the variant learns from the bank before it meets the site (nothing by default)."""
+
+    def adapt_site(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
+        """The site's descriptor → factors → written into the model's adapters (no gradient)."""
+        prototypes, counts = self.site_prototypes(task, data, self.n_classes)
+        self.site = {"prototypes": prototypes, "counts": counts, "descriptor": self.descriptor(prototypes, counts)}
+        vector = self.choose_factors(self.site["descriptor"], seed)
+        if not torch.isfinite(vector).all():
+            raise UserError(f"method '{self.name}': the generated LoRA weights are not finite; not merged")
+        lora.set_adapter_weights(model, self.bank.factors_of(vector))
+
+    def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def diagnostics(self, task: "Task", model: nn.Module, data: "TaskData") -> dict[str, float]:
+        return dict(self.diagnostics_)
+
+    def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The adapters' factors (nothing trains, but they are what the method made)."""
+        return {name: p.detach().clone() for name, p in lora.adapter_state(model).items()}
+
+    def load_trainable_state(self, model: nn.Module, state: Mapping[str, torch.Tensor], source="<state>") -> None:
+        own = lora.adapter_state(model)
+        if set(own) != set(state):
+            raise UserError(f"{source}: its tensors are not this model's adapters (method '{self.name}')")
+        with torch.no_grad():
+            for name, value in state.items():
+                own[name].copy_(value)
+
+    def merge(self, model: nn.Module) -> nn.Module:
+        return lora.merge(model)
+
+
+@methods.register
+class FrozenEtf(_BankMethod):
+    name = "physiopfm-none"
+    description = "PhysioPFM's no-LoRA baseline: the frozen backbone read by the fixed simplex-ETF head"
+
+    def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
+        return torch.zeros_like(self.bank.entries[0].vector())
+
+
+@methods.register
+class BankMean(_BankMethod):
+    name = "physiopfm-mean"
+    description = "PhysioPFM's mean-of-bank baseline: the mean of the bank's LoRA factors, ETF head"
+
+    def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
+        return torch.stack([entry.vector() for entry in self.bank.entries]).mean(0)
+
+
+@methods.register
+class BankNearest(_BankMethod):
+    name = "physiopfm-nearest"
+    description = "PhysioPFM's nearest-descriptor baseline: the bank entry whose descriptor is nearest the site's"
+
+    def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
+        bank = np.stack([self.descriptor(e.prototypes, e.counts) for e in self.bank.entries])
+        nearest = int(np.argmin(((bank - descriptor) ** 2).sum(1)))
+        self.diagnostics_["nearest_entry"] = float(nearest)
+        log.info("%s: nearest bank entry %s", self.name, self.bank.entries[nearest].provenance["name"])
+        return self.bank.entries[nearest].vector()
+
+
+@methods.register
+class PhysioPFM(_BankMethod):
+    """PhysioPFM (see the module docstring): LoRA factors generated from the site's descriptor, no backprop."""
+
+    name = "physiopfm"
+    description = "PhysioPFM: the site's LoRA generated from its class shapelets by a model of a LoRA bank, no backprop"
+    options = _BankMethod.options + (
+        Option("generator", str, "diffusion", "the conditional weight generator", choices=GENERATORS),
+        Option("iterations", int, 2000, "training iterations of the generator (batch 64, lr 4e-4)"),
+        Option("width", int, 64, "token width of the diffusion transformer"),
+        Option("depth", int, 2, "transformer blocks of the diffusion transformer (the paper's: 12, GPT-2)"),
+        Option("sampling_steps", int, 50, "DDIM steps when sampling the diffusion generator (1000 trained)"),
+        Option("bank_size", int, 0, "use a random subset of this many bank entries (0: all; an ablation)"),
+        Option("held_out", float, 0.1, "share of the bank held out of the generator's fit to score it"),
+    )
+
+    def fit(self, seed: int) -> None:
+        from workbench.adaptation.physiopfm.generator import fit_weight_generator
+
+        entries = self.bank.entries
+        rng = np.random.default_rng(seed)
+        order = rng.permutation(len(entries))
+        n_held = max(1, round(self.config["held_out"] * len(entries))) if self.config["held_out"] > 0 else 0
+        held, fit = order[:n_held], order[n_held:]
+        if self.config["bank_size"]:
+            fit = fit[: self.config["bank_size"]]
+        if len(fit) < 2:
+            raise UserError(f"method '{self.name}': {len(fit)} bank entries left to fit the generator; it needs ≥ 2")
+        vectors = torch.stack([entries[i].vector() for i in range(len(entries))])
+        conditions = torch.as_tensor(np.stack([self.descriptor(e.prototypes, e.counts) for e in entries]))
+        start = time.perf_counter()
+        self.generator = fit_weight_generator(
+            self.config["generator"], vectors[fit], conditions[fit], iterations=self.config["iterations"],
+            seed=seed, progress=self.progress, **self._architecture(),
+        )  # fmt: skip
+        self.diagnostics_["generator_fit_seconds"] = time.perf_counter() - start
+        self.diagnostics_["bank_entries"] = float(len(fit))
+        self.fitted_on = [entries[i].provenance["name"] for i in fit]
+        if n_held:
+            generated = self._generate(conditions[held], seed)
+            scale = lora_scale()
+            cosines, errors, mean_cosines = [], [], []
+            mean_delta = _delta(self.bank, vectors[fit].mean(0), scale)
+            for row, i in zip(generated, held):
+                fitted, made = entries[i].delta(scale), _delta(self.bank, row, scale)
+                cosines.append(float(torch.nn.functional.cosine_similarity(made, fitted, dim=0)))
+                errors.append(float((made - fitted).norm() / fitted.norm().clamp_min(1e-12)))
+                mean_cosines.append(float(torch.nn.functional.cosine_similarity(mean_delta, fitted, dim=0)))
+            self.diagnostics_.update({"delta_cosine_held_out": float(np.mean(cosines)),
+                                      "delta_relative_error_held_out": float(np.mean(errors)),
+                                      "mean_of_bank_delta_cosine_held_out": float(np.mean(mean_cosines)),
+                                      "held_out_entries": float(n_held)})  # fmt: skip
+
+    def _architecture(self) -> dict[str, int]:
+        if self.config["generator"] == "diffusion":
+            return {"width": self.config["width"], "depth": self.config["depth"]}
+        return {}
+
+    def _generate(self, conditions: torch.Tensor, seed: int) -> torch.Tensor:
+        if self.config["generator"] == "diffusion":
+            return self.generator.generate(conditions, sampling_steps=self.config["sampling_steps"], seed=seed)
+        return self.generator.generate(conditions, seed=seed)
+
+    def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
+        return self._generate(torch.as_tensor(descriptor)[None], seed)[0]
+
+    def save_outputs(self, folder: Path) -> None:
+        """Each stage's output: the bank entries used, the descriptors, the generator, the generated adapter."""
+        from workbench.adaptation.physiopfm.generator import save_generator
+
+        write_json(folder / "bank.json", {"bank": self.bank.source, "fitted_on": self.fitted_on,
+                                          "entries": [e.provenance for e in self.bank.entries]})  # fmt: skip
+        save_tensors(folder / "site_descriptor.safetensors",
+                     {k: torch.as_tensor(v) for k, v in self.site.items()},
+                     metadata={"descriptor": json.dumps({k: self.config[k] for k in
+                               ("descriptor", "shapelet_points", "shapelet_length")})})  # fmt: skip
+        save_generator(self.generator, folder / "generator.safetensors")
+
+
+def _delta(bank: Bank, vector: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.cat([(scale * b @ a).flatten() for a, b in bank.factors_of(vector).values()])
+
+
+@methods.register
+class LocalEtfLoRA(_BankMethod):
+    """The upper bound: the same adapters and ETF head, trained by backprop on the site's labelled examples."""
+
+    name = "physiopfm-local"
+    description = "PhysioPFM's upper bound: the same rank-4 LoRA and ETF head trained by backprop at the site"
+    trains = True
+    learning_rate = 5e-3
+    needs_task = ("class_labels", "lora_bank")  # measured where PhysioPFM is: tasks with a bank
+    options = ()
+
+    def check(self, task: "Task", data: "TaskData", model: nn.Module) -> None:
+        Method.check(self, task, data, model)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        model = super().prepare(model)
+        for p in lora.adapter_parameters(model):
+            p.requires_grad_(True)
+        return model
+
+    def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
+        """Nothing before training."""
+
+    def diagnostics(self, task: "Task", model: nn.Module, data: "TaskData") -> dict[str, float]:
+        return {}
