@@ -15,7 +15,7 @@ SMALL_SETTINGS = {
     "graphs_quickstart.ipynb": {"EPOCHS": 3, "NODES": 200},
     "ecg_quickstart.ipynb": {"EPOCHS": 2, "DISTILL_EPOCHS_FACTOR": 1},
     "eeg_quickstart.ipynb": {"EPOCHS": 2},
-    "physio_quickstart.ipynb": {"EPOCHS": 2},
+    "physio_quickstart.ipynb": {"EPOCHS": 2, "ITERATIONS": 100},
 }
 #: A line each notebook prints when it ran to its end.
 EXPECTED = {

@@ -198,3 +198,31 @@ def test_a_physiopfm_run_writes_every_stage_and_its_baselines(tmp_path):
     assert {e["site"] for e in used["entries"]} == {"A", "B", "C"}  # the target site D left out
     beats = torch.randn(3, 175)
     assert run.model(beats).shape == (3, 4)
+
+
+def test_series_shorter_than_the_shapelet_stop_the_run_before_its_directory(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match="shorter than the shapelet length 400"):
+        workbench.adapt("physio", "physiopfm", out=str(out), baselines=[], **FAST,
+                        method_options={"shapelet_length": 400})  # fmt: skip
+    assert not out.exists()
+
+
+def test_pretrain_stage_is_refused_by_a_task_with_one_stage_and_an_unknown_stage(tmp_path):
+    import subprocess
+    import sys
+
+    for domain, stage, message in (("csbm", "bank", "pretrains in one stage"), ("physio", "heads", "'backbone'")):
+        done = subprocess.run([sys.executable, "-m", "workbench", "pretrain", "--domain", domain, "--stage", stage,
+                               "--out", str(tmp_path / "x.safetensors")], capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_pretrain_stage_bank_writes_a_bank_with_provenance(tmp_path):
+    from workbench.domains.physio.bank import build_physio_bank
+
+    bank = build_physio_bank(tmp_path / "bank.safetensors", sites=("B",), steps=2, progress=False)
+    back = load_bank(tmp_path / "bank.safetensors")
+    assert len(back.entries) == len(bank.entries) == 12 and back.sites() == ["B"]
+    assert all(len(e.provenance["record_sha256"]) == 2 for e in back.entries)

@@ -126,7 +126,7 @@ class BeatSet:
 
 @dataclass
 class RecordBeats:
-    """One record's beats (`read_record_beats`): windows ``beats_mv`` (n, n_samples) [mV]; ``labels``, ``r_peaks``
+    """One record's beats (`read_annotated_beats`): windows ``beats_mv`` (n, n_samples) [mV]; ``labels``, ``r_peaks``
     (samples) and annotation ``symbols`` (n,); what was ``excluded``, by reason; the record's rate [Hz]."""
 
     beats_mv: np.ndarray
@@ -138,25 +138,6 @@ class RecordBeats:
 
 
 def read_annotated_beats(
-    path: str | Path,
-    *,
-    lead: str = "MLII",
-    before_s: float = 0.25,
-    after_s: float = 0.45,
-    extension: str = "atr",
-    expected_rate_hz: float | None = None,
-    class_of: Mapping[str, str] = AAMI_CLASS_OF,
-    classes: Sequence[str] = AAMI_CLASSES,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, Counter, float]:
-    """One record's beats: (beats (n, n_samples) [mV], labels (n,), R-peak samples (n,), what was excluded, rate).
-
-    The same as `read_record_beats` (which also gives each beat's annotation symbol), as a tuple."""
-    one = read_record_beats(path, lead=lead, before_s=before_s, after_s=after_s, extension=extension,
-                            expected_rate_hz=expected_rate_hz, class_of=class_of, classes=classes)  # fmt: skip
-    return one.beats_mv, one.labels, one.r_peaks, one.excluded, one.fs_hz
-
-
-def read_record_beats(
     path: str | Path,
     *,
     lead: str = "MLII",
@@ -268,7 +249,7 @@ def read_beat_folder(
             excluded["record left out"] += 1
             continue
         try:
-            beats, labels, peaks, counts, fs = read_annotated_beats(
+            one = read_annotated_beats(
                 header, lead=lead, before_s=before_s, after_s=after_s, extension=extension, expected_rate_hz=rate
             )
         except BadRecordError as error:
@@ -276,9 +257,9 @@ def read_beat_folder(
                 raise
             skipped.add(error.record, error.problem)
             continue
-        rate = fs
-        excluded.update(counts)
-        parts.append((record, beats, labels, peaks))
+        rate = one.fs_hz
+        excluded.update(one.excluded)
+        parts.append((record, one.beats_mv, one.labels, one.r_peaks))
     if not parts or not sum(len(p[2]) for p in parts):
         raise UserError(f"{root}: no beat could be read ({skipped.summary()})")
     records = np.concatenate([np.full(len(labels), record) for record, _, labels, _ in parts])

@@ -1,10 +1,12 @@
 """The ``physio`` task: heartbeat classes (AAMI N, S, V, F) at a new site, from a few labelled patients.
 
-The situation it models (GitHub issue 12): a hospital with a few labelled recordings adapts a pretrained
-physiological backbone to its own beats. The PhysioPFM method (LoRA weights generated from the site's class
-descriptors, no backprop at the site) is being built; today the task runs the methods PhysioPFM is measured
-against: local LoRA trained by backprop (``lora``, the default for now), local full fine-tuning (``full``) and
-a linear probe of the frozen backbone (``readout``).
+The situation it models (GitHub issue 12): a hospital with a few labelled recordings and no GPU personalises a
+pretrained physiological backbone to its own beats. The default method is PhysioPFM (``physiopfm``,
+`workbench.adaptation.physiopfm`): the site's class shapelets go into a generator fitted on a bank of LoRAs of
+other sites (the shipped bank, `workbench.domains.physio.bank`, card ``physiopfm-bank``), the generated LoRA is
+merged, and the model predicts — no gradient step on the site's beats. It runs beside its baselines (the frozen
+backbone with the ETF head, the mean of the bank, the nearest-descriptor entry, a linear probe, the same LoRA trained
+at the site, full fine-tuning); ``--method lora`` / ``full`` / ``readout`` / ``htuning`` train at the site.
 
 Data (`workbench.domains.physio`, read through wfdb):
 
@@ -53,9 +55,9 @@ from workbench.domains.physio.beats import (
     BeatSet,
     has_mitbih_names,
     inter_patient_split,
+    read_annotated_beats,
     read_beat_folder,
     read_mitbih,
-    read_record_beats,
 )
 from workbench.domains.records import BadRecordError, SkipReport
 from workbench.domains.splits import split_subjects
@@ -132,7 +134,7 @@ class Physio(Task):
     requires = ("wfdb", "neurokit2", "scipy")
     extra = "physio"
     default_model = "patch-gpt"
-    default_method = "lora"
+    default_method = "physiopfm"
     capabilities = frozenset({"sample_losses", "class_labels", "predict", "sample_inputs", "lora_bank"})
     baselines = ("full", "readout")
     metrics = ("balanced_accuracy", "accuracy", "macro_f1", "cohen_kappa") + tuple(f"recall_{c}" for c in CLASSES)
@@ -164,7 +166,10 @@ class Physio(Task):
         ),  # fmt: skip
     )
     examples = (
-        "workbench adapt --domain physio                     # local LoRA on the pretrained backbone + full, probe",
+        "workbench adapt --domain physio                     # PhysioPFM: a generated LoRA + 6 baselines, ~1.5 min",
+        "workbench adapt --domain physio --method lora       # local LoRA on the pretrained backbone + full, probe",
+        "workbench adapt --domain physio --generator regressor --descriptor raw    # PhysioPFM's ablations",
+        "workbench predict --run runs/physio --input ~/my-wfdb-folder --output beats.csv",
         "workbench adapt --domain physio --target-site B --test-subjects 3",
         "workbench adapt --domain physio --data ~/mit-bih-arrhythmia-database-1.0.0   # DS1 labelled, DS2 test",
     )
@@ -276,10 +281,8 @@ class Physio(Task):
     @classmethod
     def profile(cls, method: str) -> dict[str, Any]:
         """PhysioPFM is compared with its own baselines (same head and adapters), the linear probe and full
-        fine-tuning."""
-        if method == "physiopfm":
-            return {"baselines": PHYSIOPFM_BASELINES}
-        return {}
+        fine-tuning; a method that trains at the site with full fine-tuning and the linear probe."""
+        return {"baselines": PHYSIOPFM_BASELINES} if method == "physiopfm" else {}
 
     # -- training and scoring --------------------------------------------------------------------
     def sample_inputs(self, samples: Sequence[BeatSample]) -> np.ndarray:
@@ -345,7 +348,7 @@ class Physio(Task):
         probabilities, predicted class), cut from the run's lead and preprocessed as in training (`model_inputs`).
 
         AAMI Q beats (paced, unclassifiable), non-beat annotations and beats at a record's edges get no row; they
-        are counted in the facts (``excluded``). A bad record (`read_record_beats`: unreadable or truncated, lead
+        are counted in the facts (``excluded``). A bad record (`read_annotated_beats`: unreadable or truncated, lead
         missing, NaN or flat signal, bad annotations) gets one row with ``status`` "error: <why>" and no scores, a
         record without any N/S/V/F beat one "no beat" row; the others go on.
         """
@@ -365,7 +368,7 @@ class Physio(Task):
         for header in annotated:
             record = str(header.relative_to(folder).with_suffix(""))
             try:
-                one = read_record_beats(header, lead=self.config["lead"], before_s=BEFORE_S, after_s=AFTER_S,
+                one = read_annotated_beats(header, lead=self.config["lead"], before_s=BEFORE_S, after_s=AFTER_S,
                                         classes=CLASSES)  # fmt: skip
             except BadRecordError as error:
                 skipped.add(record, error.problem)
