@@ -237,7 +237,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         from workbench.run import predict
 
         record = predict(args.run, args.input, args.output)
-        print(f"scored {record['records']} record(s), {record['failed']} failed; wrote {args.output}")
+        print(f"wrote {record['records']} row(s) to {args.output}, {record['failed']} without scores (see status)")
     elif args.command == "pretrain":
         task = tasks.get(args.domain)()
         import inspect
