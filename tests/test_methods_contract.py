@@ -87,6 +87,25 @@ def ecg_case(ethanol):
     return build, lambda model: {"logits": model(ecg)}, loss
 
 
+def patch_gpt_case(ethanol):
+    """(base model builder, outputs, step) with a tiny `PatchGPT` (float64) on random beats. The outputs are the
+    backbone's features: PhysioPFM's methods replace the head by their fixed ETF head by design."""
+    from workbench.models.physio import PatchGPT
+
+    generator = torch.Generator().manual_seed(0)
+    beats = torch.randn(6, 50, generator=generator, dtype=torch.float64)
+    labels = torch.arange(6) % 4
+
+    def build():
+        torch.manual_seed(0)
+        return PatchGPT(50, 4, 250.0, width=16, n_heads=2, n_layers=2).double().eval()
+
+    def loss(model):
+        return torch.nn.functional.cross_entropy(model(beats), labels)
+
+    return build, lambda model: {"features": model.features(beats), "logits": model(beats)}, loss
+
+
 #: method -> (options, case: the kind of base model it fits)
 CASES = {
     "elora": ({"rank": 4, "alpha": 4.0}, mace_case),
@@ -106,7 +125,14 @@ CASES = {
     "lora": ({"rank": 2, "alpha": 2.0}, ecg_case),
     "htuning": ({"rank": 2, "alpha": 2.0}, ecg_case),
     "distill": ({"n_leads": 3}, ecg_case),
+    "physiopfm": ({}, patch_gpt_case),
+    "physiopfm-none": ({}, patch_gpt_case),
+    "physiopfm-mean": ({}, patch_gpt_case),
+    "physiopfm-nearest": ({}, patch_gpt_case),
+    "physiopfm-local": ({}, patch_gpt_case),
 }
+#: Methods that replace the model's head (identity at start is of the backbone's features).
+REPLACES_HEAD = {"physiopfm", "physiopfm-none", "physiopfm-mean", "physiopfm-nearest", "physiopfm-local"}
 
 
 def test_every_method_has_a_case():
@@ -121,17 +147,29 @@ def test_method_contract(name, ethanol, tmp_path):
     base = build()
     if method.takes_teacher:
         prepared = method.prepare(copy.deepcopy(base))  # a new model (a student): nothing to be identical to
+    elif name in REPLACES_HEAD:
+        prepared = method.prepare(copy.deepcopy(base))
+        torch.testing.assert_close(outputs(prepared)["features"], outputs(base)["features"], rtol=0, atol=1e-12)
     else:
         prepared = assert_identity_at_init(base, method, outputs)
-    optimizer = torch.optim.Adam([p for p in prepared.parameters() if p.requires_grad], lr=1e-2)
+    optimizer = torch.optim.Adam([p for p in prepared.parameters() if p.requires_grad] or [torch.zeros(1)], lr=1e-2)
 
     def step(model):
         optimizer.zero_grad()
         loss(model).backward()
         optimizer.step()
 
-    step(prepared)  # low-rank methods start with B = 0: the first step moves B only
-    assert_only_trainable_change(prepared, step)
+    if method.trains:
+        step(prepared)  # low-rank methods start with B = 0: the first step moves B only
+        assert_only_trainable_change(prepared, step)
+    else:  # weights made, not trained: nothing trains; stand-in values for what the method would write
+        assert not any(p.requires_grad for p in prepared.parameters())
+        owned = set(method.trainable_state(prepared))
+        generator = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for parameter_name, p in prepared.named_parameters():
+                if parameter_name in owned:
+                    p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.05)
 
     save_tensors(tmp_path / "state.safetensors", method.trainable_state(prepared))
     torch.manual_seed(123)
@@ -140,5 +178,6 @@ def test_method_contract(name, ethanol, tmp_path):
     name_of_output = next(iter(outputs(prepared)))
     torch.testing.assert_close(outputs(reloaded)[name_of_output], outputs(prepared)[name_of_output], rtol=0, atol=0)
 
-    randomize_trainable(prepared, scale=0.05)
+    if method.trains:
+        randomize_trainable(prepared, scale=0.05)
     assert_merge_equivalent(prepared, method, outputs, tol=1e-10)
