@@ -49,6 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from workbench.adaptation.physiopfm.bank import class_weights
 from workbench.domains.physio.bank import SHIPPED_BANK, record_hashes
 from workbench.domains.physio.beats import (
     AAMI_CLASSES,
@@ -235,8 +236,7 @@ class Physio(Task):
             if limit is not None and len(index) > limit:
                 index = np.sort(rng.choice(index, size=limit, replace=False))
             samples[name] = [BeatSample(inputs[i], int(beats.labels[i]), str(beats.subjects[i])) for i in index]
-        counts = np.bincount([s.label for s in samples["train"]], minlength=len(CLASSES)).astype(float)
-        weights = np.where(counts > 0, counts.sum() / np.maximum(counts, 1) / (counts > 0).sum(), 0.0)
+        weights = class_weights(np.array([s.label for s in samples["train"]], np.int64), len(CLASSES))
         self._class_weights = None if self.config["unweighted_loss"] else weights
         notes = []
         if beats.fs_hz != BACKBONE_RATE_HZ:
