@@ -58,7 +58,12 @@ class BankEntry:
 
     def delta(self, scale: float) -> torch.Tensor:
         """Every layer's update ``scale · B A`` flattened and concatenated."""
-        return torch.cat([(scale * b @ a).flatten() for a, b in self.factors.values()])
+        return delta_of(self.factors, scale)
+
+
+def delta_of(factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
+    """The updates ``scale · B A`` of factors ``{layer: (A, B)}``, flattened and concatenated, layers in order."""
+    return torch.cat([(scale * b @ a).flatten() for a, b in factors.values()])
 
 
 @dataclass

@@ -40,6 +40,7 @@ from workbench.adaptation.physiopfm.bank import (
     attach,
     backbone_fingerprint,
     check_bank_fits,
+    delta_of,
     load_bank,
     lora_scale,
 )
@@ -257,9 +258,9 @@ class PhysioPFM(_BankMethod):
             generated = self._generate(conditions[held], seed)
             scale = lora_scale()
             cosines, errors, mean_cosines = [], [], []
-            mean_delta = _delta(self.bank, vectors[fit].mean(0), scale)
+            mean_delta = delta_of(self.bank.factors_of(vectors[fit].mean(0)), scale)
             for row, i in zip(generated, held):
-                fitted, made = entries[i].delta(scale), _delta(self.bank, row, scale)
+                fitted, made = entries[i].delta(scale), delta_of(self.bank.factors_of(row), scale)
                 cosines.append(float(torch.nn.functional.cosine_similarity(made, fitted, dim=0)))
                 errors.append(float((made - fitted).norm() / fitted.norm().clamp_min(1e-12)))
                 mean_cosines.append(float(torch.nn.functional.cosine_similarity(mean_delta, fitted, dim=0)))
@@ -292,10 +293,6 @@ class PhysioPFM(_BankMethod):
                      metadata={"descriptor": json.dumps({k: self.config[k] for k in
                                ("descriptor", "shapelet_points", "shapelet_length")})})  # fmt: skip
         save_generator(self.generator, folder / "generator.safetensors")
-
-
-def _delta(bank: Bank, vector: torch.Tensor, scale: float) -> torch.Tensor:
-    return torch.cat([(scale * b @ a).flatten() for a, b in bank.factors_of(vector).values()])
 
 
 @methods.register
