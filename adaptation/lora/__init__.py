@@ -7,6 +7,8 @@ PEFT's parameter names and file layout, so adapters move between the workbench a
 - `apply` / `apply_config`, `merge`, `unmerge`, `save_adapter`, `load_adapter`, `set_adapter_weights`,
   `adapter_parameters`, `adapter_state`, `lora_layers` (`workbench.adaptation.lora.model`);
 - `LoraLayer`, `RoutedLoraLayer` (H-LoRA's token-routed experts) (`workbench.adaptation.lora.layer`);
+- `apply_plugins`, `active_plugin`, `PluginConfig`, `save_plugin`, `load_plugin`: plug-ins chosen by task kind
+  (HealthGPT's heterogeneous H-LoRA / MoELoRA / LoRA plug-ins) (`workbench.adaptation.lora.plugins`);
 - `LoraConfig`, `conv_rule_rank` (`workbench.adaptation.lora.config`);
 - `LoadReport`, and the adapter-file helpers ELoRA shares (`workbench.adaptation.lora.io`);
 - the workbench method ``lora`` (`workbench.adaptation.lora.method.LoRA`).
@@ -35,6 +37,17 @@ from workbench.adaptation.lora.model import (
     set_adapter_weights,
     unmerge,
 )
+from workbench.adaptation.lora.plugins import (
+    PluginConfig,
+    PluginLoraLayer,
+    active_plugin,
+    apply_plugins,
+    load_plugin,
+    plugin_layers,
+    plugin_names,
+    plugin_parameters,
+    save_plugin,
+)
 
 __all__ = [
     "COMPUTES",
@@ -44,9 +57,18 @@ __all__ = [
     "LoadReport",
     "LoraConfig",
     "LoraLayer",
+    "PluginConfig",
+    "PluginLoraLayer",
     "RoutedLoraLayer",
     "adapter_parameters",
     "adapter_state",
+    "active_plugin",
+    "apply_plugins",
+    "load_plugin",
+    "plugin_layers",
+    "plugin_names",
+    "plugin_parameters",
+    "save_plugin",
     "apply",
     "apply_config",
     "conv_rule_rank",

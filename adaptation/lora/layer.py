@@ -240,11 +240,21 @@ class RoutedLoraLayer(LoraLayer):
         self.scale = self.alpha / self.rank * self.experts
 
     def update(self, x: torch.Tensor) -> torch.Tensor:
-        gates = torch.softmax(self.lora_route(x), dim=-1).repeat_interleave(self.rank // self.experts, dim=-1)
-        return self.lora_B(gates * self.lora_A(self.lora_dropout(x))) * self.scale
+        return routed_update(x, self.lora_route, self.lora_A, self.lora_B, self.lora_dropout) * self.scale
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, experts={self.experts}"
+
+
+def routed_update(
+    x: torch.Tensor, route: nn.Linear, lora_a: nn.Linear, lora_b: nn.Linear, dropout: nn.Module
+) -> torch.Tensor:
+    """H-LoRA's unscaled update ``B (repeat_interleave(softmax(R x), r / k) ⊙ A (dropout(x)))`` — ``k`` experts of
+    ``r / k`` ranks in one matmul pair (`RoutedLoraLayer`, the ``"hlora"`` plug-ins of
+    `workbench.adaptation.lora.plugins`). Shapes: x (..., in) → (..., out)."""
+    rank, experts = lora_a.out_features, route.out_features
+    gates = torch.softmax(route(x), dim=-1).repeat_interleave(rank // experts, dim=-1)
+    return lora_b(gates * lora_a(dropout(x)))
 
 
 def _stock_class(module: nn.Module) -> type:
