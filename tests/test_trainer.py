@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
 
+from workbench.method import Method
+from workbench.run import _best_epoch, _train
+from workbench.task import TaskData
 from workbench.trainer import Trainer, TrainSettings
 
 
@@ -119,3 +124,43 @@ def test_ema_matches_the_torch_ema_package():
     fresh = ExponentialMovingAverage([nn.Parameter(torch.zeros(5, dtype=torch.float64))], decay=0.5)
     fresh.load_state_dict(state)
     assert fresh.num_updates == 30 and torch.equal(fresh.shadow[0], ours.shadow[0])
+
+
+class TwoStages(Method):
+    """A method trained in two stages: the weight alone on the first half of the samples, then the bias alone."""
+
+    name = "two-stages"
+    description = "test"
+    stages = ("weight", "bias")
+
+    def prepare(self, model):
+        return model
+
+    def start_stage(self, stage, task, model, data, settings):
+        model.weight.requires_grad_(stage == "weight")
+        model.bias.requires_grad_(stage == "bias")
+        samples = data.train[: len(data.train) // 2] if stage == "weight" else data.train
+        return samples, data.val, replace(settings, epochs=3 if stage == "weight" else 2)
+
+
+class RegressionTask:
+    collate = staticmethod(collate)
+
+    def loss(self, model, batch, training):
+        return mse(model, batch, training)
+
+
+def test_a_method_in_stages_trains_each_stage_with_its_own_parameters_samples_and_settings(tmp_path):
+    data = TaskData(train=regression(32, 1), val=regression(8, 2), test=[], source="test")
+    model, method = fresh_model(), TwoStages()
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    history = _train(method, RegressionTask(), model, data, SETTINGS, tmp_path / "m.pt", "cpu", False, "m", False)
+    assert [(h["epoch"], h["stage"], h["stage_epoch"]) for h in history] == [
+        (0, "weight", 0), (1, "weight", 1), (2, "weight", 2), (3, "bias", 0), (4, "bias", 1),
+    ]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.bias.pt", "m.weight.pt"]
+    assert not torch.equal(model.weight, start["weight"]) and not torch.equal(model.bias, start["bias"])
+    assert _best_epoch(history) in (3, 4)  # chosen within the last stage
+    again = fresh_model()  # resumed from the finished stages' checkpoints: the same weights
+    _train(TwoStages(), RegressionTask(), again, data, SETTINGS, tmp_path / "m.pt", "cpu", False, "m", True)
+    assert torch.equal(again.weight, model.weight) and torch.equal(again.bias, model.bias)

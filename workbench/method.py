@@ -8,6 +8,9 @@ A method hooks into the run at named points, in this order:
 - ``prepare(model)``: attach adapters, choose what trains;
 - ``setup(task, model, data, seed)``: look at the data before training (fit sample weights, keep the
   unlabelled target samples);
+- ``start_stage(stage, task, model, data, settings)``: for methods trained in several stages (``stages``, each a
+  whole trainer run: HealthGPT's alignment, embedding and adapter stages), choose what trains in that stage and
+  return its training and validation samples and settings;
 - ``start_epoch(epoch, epochs)``: schedules that depend on training progress (mass annealing);
 - ``loss(task, model, batch, training)``: the objective (the task's loss unless the method weights
   samples or adds a term);
@@ -34,7 +37,7 @@ The state a method owns apart from the base model (``trainable_state``) is saved
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -60,6 +63,8 @@ class Method:
     options: ClassVar[tuple[Option, ...]] = ()
     #: False for methods that take no gradient step on the task's data (everything happens in ``setup``).
     trains: ClassVar[bool] = True
+    #: Names of the training stages, run in this order, each a whole trainer run (`start_stage` prepares each).
+    stages: ClassVar[tuple[str, ...]] = ("train",)
     #: Whether long set-up work shows a progress bar (the run sets it; off with ``--quiet``).
     progress: bool = True
     #: True for methods that learn from a teacher model: a run hands them its chosen method's adapted model.
@@ -102,6 +107,13 @@ class Method:
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         """Called once before training, with the prepared model (on its device) and the run's samples."""
+
+    def start_stage(
+        self, stage: str, task: "Task", model: nn.Module, data: "TaskData", settings: "TrainSettings"
+    ) -> tuple[Sequence[Any], Sequence[Any], "TrainSettings"]:
+        """Before training stage ``stage`` (one of ``stages``): set what trains (``requires_grad``) and return that
+        stage's (training samples, validation samples, settings). By default: the run's, unchanged."""
+        return data.train, data.val, settings
 
     def start_epoch(self, epoch: int, epochs: int) -> None:
         """Called before each training epoch (0-based ``epoch`` of at most ``epochs``)."""

@@ -425,7 +425,7 @@ def _run_method(
         "train_seconds": float(sum(h["seconds"] for h in history)),
         "seconds_per_epoch": float(np.mean([h["seconds"] for h in history])) if history else 0.0,
         "epochs": len(history),
-        "best_epoch": min(range(len(history)), key=lambda e: history[e]["val_loss"]) if history else -1,
+        "best_epoch": _best_epoch(history),
         "peak_memory_bytes": memory.peak_bytes,
         "training_memory_bytes": memory.added_bytes,
         "task_state": task_state,
@@ -451,24 +451,38 @@ def _train(
     label: str,
     resume: bool,
 ) -> list[dict[str, Any]]:
-    """Train a prepared model with the method's loss (the trainer's history); nothing for ``trains = False``."""
+    """Train a prepared model with the method's loss, stage after stage (`Method.stages`); the trainers' history,
+    epochs numbered over all stages, each entry naming its ``stage``. Nothing for ``trains = False``."""
     if not method.trains:
         return []
-    trainer = Trainer(
-        model,
-        functools.partial(method.loss, task),
-        task.collate,
-        data.train,
-        data.val,
-        settings,
-        checkpoint_path=checkpoint,
-        device=device,
-        progress=progress,
-        label=label,
-        epoch_start=method.start_epoch,
-        gradients=functools.partial(method.gradients, task),
-    )
-    return trainer.fit(resume=resume)
+    history: list[dict[str, Any]] = []
+    staged = method.stages != ("train",)
+    for stage in method.stages:
+        train, val, stage_settings = method.start_stage(stage, task, model, data, settings)
+        trainer = Trainer(
+            model,
+            functools.partial(method.loss, task),
+            task.collate,
+            train,
+            val,
+            stage_settings,
+            checkpoint_path=checkpoint.with_name(f"{checkpoint.stem}.{stage}.pt") if staged else checkpoint,
+            device=device,
+            progress=progress,
+            label=f"{label} {stage}" if staged else label,
+            epoch_start=method.start_epoch,
+            gradients=functools.partial(method.gradients, task),
+        )
+        for entry in trainer.fit(resume=resume):
+            history.append(dict(entry, epoch=len(history), stage=stage, stage_epoch=entry["epoch"]))
+    return history
+
+
+def _best_epoch(history: list[dict[str, Any]]) -> int:
+    """The epoch (over all stages) of the lowest validation loss in the last stage (-1 without training):
+    different stages' losses are not comparable."""
+    last = [h for h in history if h["stage"] == history[-1]["stage"]] if history else []
+    return min(last, key=lambda h: h["val_loss"])["epoch"] if last else -1
 
 
 def _teacher(out_dir: Path, config: RunConfig) -> nn.Module:
