@@ -1,0 +1,198 @@
+"""H-LoRA (HealthGPT's heterogeneous low-rank adaptation) and its baselines, as workbench methods.
+
+Paper: Lin et al., "HealthGPT: A Medical Large Vision-Language Model for Unifying Comprehension and Generation via
+Heterogeneous Knowledge Adaptation" (seed 000; METHODS.md "H-LoRA"). A vision-language model gets two plug-ins of
+token-routed low-rank experts on every linear layer of its language model except the output head — one for
+comprehension (VQA, reports), one for generation (image tokens) — chosen by the task kind of the batch
+(`workbench.adaptation.lora.plugins`; the model activates the plug-in named by the kind of its input). Three
+training stages (`Method.stages`), each ``--epochs`` long:
+
+1. ``align``: the vision adapters (the model's ``projectors`` target group) and the generation plug-in, on the
+   alignment sub-tasks (``--alignment-tasks``, default the findings report and reconstruction: HealthGPT aligns on
+   captions and on reconstruction), at ``--align-learning-rate``;
+2. ``embed``: only the word embeddings and the LM head (whose image-token rows are new), on every sub-task, at
+   ``--embed-learning-rate``;
+3. ``adapt``: both plug-ins and the vision adapters on every sub-task, at the run's learning rate.
+
+Methods here (the same model, targets and stages; only what differs is named):
+
+- ``hlora``: H-LoRA plug-ins (``k`` experts of ``r / k`` ranks fused in one matmul pair, ``scale = alpha / r · k``);
+- ``moelora``: the same experts as ``k`` separate LoRAs computed in a loop (MoELoRA) — the same function and
+  parameter count, ``k`` matmul pairs per layer;
+- ``hlora-lora``: plain LoRA plug-ins of the same total rank (no router);
+- ``hlora-mixed``: H-LoRA trained in one stage on every sub-task with everything the three stages train, for three
+  times ``--epochs`` (HealthGPT's "mixed training" comparison).
+
+Ranks are the authors' shape at this model's size: comprehension ``r = 16, alpha = 32``, generation
+``r = 32, alpha = 64`` (HealthGPT: 64 / 128 and 256 / 512 on a 3.8B-parameter LM), ``k = 4`` experts.
+
+The adapter file holds every parameter any stage trained (plug-ins, vision adapters, word embeddings, LM head);
+``<run>/<method>/comprehension.safetensors`` and ``generation.safetensors`` hold each plug-in alone, in PEFT's
+tensor names (`workbench.adaptation.lora.save_plugin` / ``load_plugin``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, ClassVar, Sequence
+
+from torch import nn
+from workbench.adaptation.lora import PluginConfig, apply_plugins, save_plugin
+from workbench.adaptation.lora.model import target_names
+
+from workbench.errors import UserError
+from workbench.method import Method
+from workbench.model import require
+from workbench.options import Option
+from workbench.registry import methods
+
+#: The task kinds the two plug-ins serve.
+PLUGINS = ("comprehension", "generation")
+STAGES = ("align", "embed", "adapt")
+
+
+class _HeterogeneousLoRA(Method):
+    """The shared recipe; subclasses set the plug-in ``layout`` and the ``stages``."""
+
+    layout: ClassVar[str] = "hlora"
+    stages = STAGES
+    needs_model = ("lora_target_groups", "head")
+    needs_task = ("task_types",)
+    learning_rate = 1e-3
+    options = (
+        Option("rank", int, 16, "total rank r of the comprehension plug-in (its experts hold r / k ranks each)"),
+        Option("alpha", float, 32.0, "scale numerator of the comprehension plug-in"),
+        Option("generation_rank", int, 32, "total rank of the generation plug-in"),
+        Option("generation_alpha", float, 64.0, "scale numerator of the generation plug-in"),
+        Option("experts", int, 4, "experts k per plug-in (H-LoRA, MoELoRA); unused by plain LoRA"),
+        Option("targets", str, "language", "target groups / fnmatch patterns of the plug-ins, comma-separated"),
+        Option("vision_adapters", str, "projectors", "target group of the vision adapters (trained in stages 1, 3)"),
+        Option("alignment_tasks", str, "report,reconstruct", "the sub-tasks of the alignment stage, comma-separated"),
+        Option("align_learning_rate", float, 1e-3, "learning rate of the alignment stage"),
+        Option("embed_learning_rate", float, 1e-3, "learning rate of the embedding stage"),
+    )
+
+    def _targets(self) -> list[str]:
+        return [entry.strip() for entry in self.config["targets"].split(",") if entry.strip()]
+
+    def _plugins(self) -> dict[str, PluginConfig]:
+        experts = None if self.layout == "lora" else self.config["experts"]
+        ranks = {
+            "comprehension": (self.config["rank"], self.config["alpha"]),
+            "generation": (self.config["generation_rank"], self.config["generation_alpha"]),
+        }
+        try:
+            return {name: PluginConfig(rank, alpha, experts, self.layout) for name, (rank, alpha) in ranks.items()}
+        except UserError as error:
+            raise UserError(f"method '{self.name}': {error}") from None
+
+    def check(self, task, data, model: nn.Module) -> None:
+        """The model declares the plug-in targets, the vision adapters, a head and input embeddings; the
+        alignment sub-tasks exist in the training data; the plug-in ranks fit their experts."""
+        super().check(task, data, model)
+        self._plugins()
+        target_names(model, self._targets())
+        target_names(model, [self.config["vision_adapters"]])
+        if not callable(getattr(model, "get_input_embeddings", None)):
+            raise UserError(f"method '{self.name}' needs a model with word embeddings (get_input_embeddings)")
+        if "align" in self.stages:
+            wanted = self._alignment_tasks()
+            present = set(task.sample_tasks(data.train))
+            missing = sorted(set(wanted) - present)
+            if missing:
+                raise UserError(
+                    f"method '{self.name}': the alignment sub-tasks {missing} are not in the training data (it holds "
+                    f"{sorted(present)}); choose others with --alignment-tasks"
+                )
+
+    def _alignment_tasks(self) -> list[str]:
+        return [entry.strip() for entry in self.config["alignment_tasks"].split(",") if entry.strip()]
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        head = require(model, self.name, "head").head
+        vision = set(target_names(model, [self.config["vision_adapters"]]))
+        model = apply_plugins(model, self._targets(), self._plugins())
+        self._groups = {
+            "vision": [p for name, m in model.named_modules() if name in vision for p in m.parameters()],
+            "embed": [model.get_input_embeddings().weight, model.get_submodule(head).weight],
+            "comprehension": [p for name, p in model.named_parameters() if ".plugins.comprehension." in name],
+            "generation": [p for name, p in model.named_parameters() if ".plugins.generation." in name],
+        }
+        self._train_only(model, *self._groups)  # every parameter any stage trains (counted, saved)
+        self._names = [name for name, p in model.named_parameters() if p.requires_grad]
+        self._model = model
+        return model
+
+    def _train_only(self, model: nn.Module, *groups: str) -> None:
+        model.requires_grad_(False)
+        for group in groups:
+            for p in self._groups[group]:
+                p.requires_grad_(True)
+
+    def start_stage(self, stage: str, task, model: nn.Module, data, settings) -> tuple[Sequence, Sequence, Any]:
+        if stage == "align":
+            self._train_only(model, "vision", "generation")
+            wanted = set(self._alignment_tasks())
+            train = [s for s, t in zip(data.train, task.sample_tasks(data.train)) if t in wanted]
+            val = [s for s, t in zip(data.val, task.sample_tasks(data.val)) if t in wanted] or data.val
+            stage = replace(settings, learning_rate=self.config["align_learning_rate"],
+                            batch_size=min(settings.batch_size, len(train)))  # fmt: skip
+            return train, val, stage
+        if stage == "embed":
+            self._train_only(model, "embed")
+            return data.train, data.val, replace(settings, learning_rate=self.config["embed_learning_rate"])
+        if stage == "adapt":
+            self._train_only(model, "vision", "comprehension", "generation")
+            return data.train, data.val, settings
+        self._train_only(model, *self._groups)  # "mixed": everything at once, for the three stages' epochs
+        return data.train, data.val, replace(settings, epochs=3 * settings.epochs)
+
+    def trainable_state(self, model: nn.Module) -> dict[str, Any]:
+        """Every parameter any stage trained, by name."""
+        params = dict(model.named_parameters())
+        return {name: params[name].detach().clone() for name in self._names}
+
+    def load_trainable_state(self, model: nn.Module, state, source="<state>") -> None:
+        self._train_only(model, *self._groups)
+        super().load_trainable_state(model, state, source)
+
+    def save_outputs(self, folder) -> None:
+        """Each plug-in as its own file, ``<run>/<method>/<plug-in>.safetensors`` (`workbench.adaptation.lora.
+        load_plugin` reads it into a model carrying the same plug-ins: HealthGPT's swappable plug-ins)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in PLUGINS:
+            save_plugin(self._model, name, folder / f"{name}.safetensors")
+
+    def diagnostics(self, task, model: nn.Module, data) -> dict[str, float]:
+        count = lambda group: float(sum(p.numel() for p in self._groups[group]))  # noqa: E731
+        return {
+            "plugin_parameters_comprehension": count("comprehension"),
+            "plugin_parameters_generation": count("generation"),
+        }
+
+
+@methods.register
+class HLoRA(_HeterogeneousLoRA):
+    name = "hlora"
+    description = "H-LoRA: comprehension and generation plug-ins of fused routed experts, three stages (HealthGPT)"
+
+
+@methods.register
+class MoELoRA(_HeterogeneousLoRA):
+    name = "moelora"
+    description = "MoELoRA plug-ins: the same experts as separate LoRAs in a loop, three stages"
+    layout = "moelora"
+
+
+@methods.register
+class HLoRAPlainLoRA(_HeterogeneousLoRA):
+    name = "hlora-lora"
+    description = "plain LoRA plug-ins of the same total rank as H-LoRA's, three stages"
+    layout = "lora"
+
+
+@methods.register
+class HLoRAMixed(_HeterogeneousLoRA):
+    name = "hlora-mixed"
+    description = "H-LoRA trained in one mixed stage (everything at once, three times the epochs)"
+    stages = ("mixed",)

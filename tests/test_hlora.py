@@ -1,0 +1,205 @@
+"""H-LoRA and its baselines as methods (`workbench.adaptation.hlora`) on a tiny medvl model in float64: identity at
+start, H-LoRA equal to looped MoELoRA with the same weights, each task kind through its own plug-in, and what each
+of the three stages trains (the generation plug-in's stage leaves comprehension bit-identical; stage 2 only the
+word embeddings and the LM head)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+from workbench.adaptation import lora
+from workbench.adaptation.hlora import HLoRA, HLoRAMixed, HLoRAPlainLoRA, MoELoRA
+from workbench.models.medvl import MedVL, MedVLConfig
+from workbench.models.vq import VQConfig
+
+from workbench.errors import UserError
+from workbench.run import _train
+from workbench.task import TaskData
+from workbench.trainer import TrainSettings
+
+WORDS = "is there a lesion in the upper lower left right quadrant ? yes no . , what modality ct mr image".split()
+QUESTIONS = ["is there a lesion?", "what modality is this image?", "is there a lesion in the upper left quadrant?"]
+ANSWERS = ["yes.", "ct", "no, there is no lesion."]
+METHODS = (HLoRA, MoELoRA, HLoRAPlainLoRA, HLoRAMixed)
+SMALL = dict(rank=4, alpha=8.0, generation_rank=8, generation_alpha=16.0, experts=2)
+
+
+def tiny(seed: int = 0) -> MedVL:
+    torch.manual_seed(seed)
+    vq = VQConfig(codebook_size=16, code_dim=8, channels=8, res_blocks=1)
+    config = MedVLConfig(vision_hidden=16, vision_heads=2, vision_intermediate=32, lm_hidden=32, lm_heads=2,
+                         lm_intermediate=64, vq=vq)  # fmt: skip
+    return MedVL(config, WORDS).double().eval()
+
+
+def images(n: int = 3, seed: int = 1) -> torch.Tensor:
+    return torch.rand(n, 1, 64, 64, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def logits(model: MedVL, kind: str) -> torch.Tensor:
+    answers = ANSWERS if kind == "comprehension" else images(seed=2)
+    return model(**model.encode_batch(images(), QUESTIONS, answers, kind=kind)).logits
+
+
+def randomize_b(model: nn.Module, plugin: str | None = None, seed: int = 3) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name and (plugin is None or f".plugins.{plugin}." in name):
+                p.copy_(0.3 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+
+
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+def test_every_method_starts_as_the_base_model(method):
+    base = tiny()
+    model = method(**SMALL).prepare(copy.deepcopy(base))
+    for kind in ("comprehension", "generation"):
+        assert torch.equal(logits(model, kind), logits(base, kind))
+
+
+def test_hlora_equals_looped_moelora_with_the_same_weights_through_the_vlm():
+    base = tiny()
+    fused, looped = HLoRA(**SMALL).prepare(copy.deepcopy(base)), MoELoRA(**SMALL).prepare(copy.deepcopy(base))
+    randomize_b(fused)
+    loop_layers = lora.plugin_layers(looped)
+    with torch.no_grad():
+        for name, layer in lora.plugin_layers(fused).items():
+            for plugin in ("comprehension", "generation"):
+                ours, theirs = layer.plugins[plugin], loop_layers[name].plugins[plugin]
+                per = ours.config.rank // ours.config.experts
+                theirs.lora_route.weight.copy_(ours.lora_route.weight)
+                for e in range(ours.config.experts):
+                    theirs.lora_A[e].weight.copy_(ours.lora_A.weight[e * per : (e + 1) * per])
+                    theirs.lora_B[e].weight.copy_(ours.lora_B.weight[:, e * per : (e + 1) * per])
+    for kind in ("comprehension", "generation"):
+        a, b = logits(fused, kind), logits(looped, kind)
+        assert (a - logits(base, kind)).abs().max() > 1e-3
+        assert (a - b).abs().max() <= 1e-10
+
+
+def test_each_task_kind_runs_through_its_own_plugin():
+    base = tiny()
+    model = HLoRA(**SMALL).prepare(copy.deepcopy(base))
+    randomize_b(model, "generation")
+    assert torch.equal(logits(model, "comprehension"), logits(base, "comprehension"))
+    assert (logits(model, "generation") - logits(base, "generation")).abs().max() > 1e-3
+    randomize_b(model, "comprehension")
+    assert (logits(model, "comprehension") - logits(base, "comprehension")).abs().max() > 1e-3
+
+
+def test_rank_not_a_multiple_of_the_experts_is_refused_at_construction():
+    with pytest.raises(UserError, match="rank 6 must be a multiple of experts 4"):
+        HLoRA(rank=6, experts=4).prepare(tiny())
+    HLoRAPlainLoRA(rank=6, experts=4).prepare(tiny())  # plain LoRA has no experts
+
+
+@dataclass
+class Item:
+    task: str
+    kind: str
+    image: torch.Tensor
+    question: str
+    answer: object
+
+
+class ToyTask:
+    """A task of a few comprehension and generation records for the tiny model (the method's side of the contract)."""
+
+    name = "toy"
+    capabilities = frozenset({"task_types"})
+
+    def __init__(self, model: MedVL):
+        self.model = model
+
+    def sample_tasks(self, samples):
+        return [s.task for s in samples]
+
+    def collate(self, samples, device):
+        parts = []
+        for kind in ("comprehension", "generation"):
+            chosen = [s for s in samples if s.kind == kind]
+            if chosen:
+                answers = [s.answer for s in chosen]
+                answers = answers if kind == "comprehension" else torch.stack(answers)
+                batch = self.model.encode_batch(torch.stack([s.image for s in chosen]), [s.question for s in chosen],
+                                                answers, kind=kind)  # fmt: skip
+                parts.append((batch, len(chosen) / len(samples)))
+        return parts
+
+    def loss(self, model, batch, training):
+        return sum(share * model(**inputs).loss for inputs, share in batch)
+
+
+def toy_data(model: MedVL) -> TaskData:
+    pictures = images(12, seed=5)
+    items = []
+    for i in range(12):
+        task = ("vqa-closed", "report", "reconstruct", "super-resolution")[i % 4]
+        if task in ("reconstruct", "super-resolution"):
+            items.append(Item(task, "generation", pictures[i], "reconstruct the image.", pictures[i]))
+        else:
+            items.append(Item(task, "comprehension", pictures[i], QUESTIONS[i % 3], ANSWERS[i % 3]))
+    return TaskData(train=items[:8], val=items[8:], test=[], source="toy")
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def changed(model: nn.Module, before: dict[str, torch.Tensor]) -> set[str]:
+    return {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+
+
+def test_the_three_stages_train_what_they_say(tmp_path):
+    model = tiny()
+    method = HLoRA(**SMALL)
+    model = method.prepare(model)
+    randomize_b(model)  # so that gradients reach the plug-ins' A and the routers too
+    task, data = ToyTask(model), toy_data(model)
+    settings = TrainSettings(epochs=1, batch_size=2, learning_rate=1e-2, ema_decay=None, patience=10)
+    seen = {}
+    original = method.start_stage
+
+    def start_stage(stage, *args):
+        if seen:
+            seen[list(seen)[-1]] = changed(model, seen[list(seen)[-1]])
+        seen[stage] = snapshot(model)
+        return original(stage, *args)
+
+    method.start_stage = start_stage
+    before = snapshot(model)
+    history = _train(method, task, model, data, settings, tmp_path / "m.pt", "cpu", False, "hlora", False)
+    seen["adapt"] = changed(model, seen["adapt"])
+    assert [h["stage"] for h in history] == ["align", "embed", "adapt"]
+    projectors = {n for n in before if n.startswith("projector_")}
+    comprehension = {n for n in before if ".plugins.comprehension." in n}
+    generation = {n for n in before if ".plugins.generation." in n}
+    embed = {"lm.model.embed_tokens.weight", "lm.lm_head.weight"}
+    assert seen["align"] and seen["align"] <= projectors | generation and seen["align"] & generation
+    assert not seen["align"] & comprehension  # the generation plug-in's stage: comprehension bit-identical
+    assert seen["embed"] == embed  # stage 2: only the word embeddings and the LM head
+    assert seen["adapt"] & comprehension and seen["adapt"] & generation
+    assert seen["adapt"] <= projectors | comprehension | generation
+    assert not changed(model, before) & {n for n in before if n.startswith(("vision.", "vq."))}
+    state = method.trainable_state(model)
+    assert set(state) == projectors | comprehension | generation | embed
+    fresh = HLoRA(**SMALL)
+    rebuilt = fresh.prepare(tiny())
+    fresh.load_trainable_state(rebuilt, state)
+    for kind in ("comprehension", "generation"):
+        assert torch.equal(logits(rebuilt.eval(), kind), logits(model.eval(), kind))
+
+
+def test_mixed_training_is_one_stage_of_everything_for_three_times_the_epochs(tmp_path):
+    model = HLoRAMixed(**SMALL).prepare(tiny())
+    method = HLoRAMixed(**SMALL)
+    model = method.prepare(tiny())
+    settings = TrainSettings(epochs=1, batch_size=4, learning_rate=1e-2, ema_decay=None, patience=10)
+    history = _train(method, ToyTask(model), model, toy_data(model), settings, tmp_path / "m.pt", "cpu", False, "x",
+                     False)  # fmt: skip
+    assert [h["stage"] for h in history] == ["mixed"] * 3
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == set(method.trainable_state(model))
