@@ -328,12 +328,16 @@ class MedVL(nn.Module):
 
     def kind_plugin(self, kind: str) -> contextlib.AbstractContextManager:
         """HealthGPT's hard router: a context in which the LoRA plug-in named ``kind`` acts, when the model carries
-        plug-ins (`workbench.adaptation.lora.plugins`; a model with plug-ins but none named ``kind`` is a
-        `UserError`); a no-op for a model without."""
+        plug-ins (`workbench.adaptation.lora.plugins`); one plug-in named ``shared`` serves both kinds (one adapter
+        for both skills, the comparison H-LoRA's plug-ins are made against); a model with plug-ins but none of
+        these names is a `UserError`; a no-op for a model without plug-ins."""
         from workbench.adaptation.lora.plugins import active_plugin, plugin_names
 
         self._check_kind(kind)
-        return active_plugin(self, kind) if plugin_names(self) else contextlib.nullcontext()
+        names = plugin_names(self)
+        if not names:
+            return contextlib.nullcontext()
+        return active_plugin(self, "shared" if kind not in names and "shared" in names else kind)
 
     def train(self, mode: bool = True) -> MedVL:
         """As `nn.Module.train`, but the frozen ``vq`` stays in eval mode (its codebook never moves)."""

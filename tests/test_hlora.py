@@ -203,3 +203,14 @@ def test_mixed_training_is_one_stage_of_everything_for_three_times_the_epochs(tm
                      False)  # fmt: skip
     assert [h["stage"] for h in history] == ["mixed"] * 3
     assert {n for n, p in model.named_parameters() if p.requires_grad} == set(method.trainable_state(model))
+
+
+def test_one_shared_plugin_serves_both_kinds_and_an_unknown_one_is_refused():
+    base = tiny()
+    shared = lora.apply_plugins(copy.deepcopy(base), ["language"], {"shared": lora.PluginConfig(4, 8, 2)})
+    randomize_b(shared)
+    for kind in ("comprehension", "generation"):
+        assert (logits(shared, kind) - logits(base, kind)).abs().max() > 1e-3
+    other = lora.apply_plugins(copy.deepcopy(base), ["language"], {"vision": lora.PluginConfig(4, 8, 2)})
+    with pytest.raises(UserError, match="no LoRA plug-in named 'comprehension'"):
+        logits(other, "comprehension")

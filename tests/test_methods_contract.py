@@ -106,6 +106,39 @@ def patch_gpt_case(ethanol):
     return build, lambda model: {"features": model.features(beats), "logits": model(beats)}, loss
 
 
+def medvl_case(ethanol):
+    """(base model builder, outputs, step) with a tiny `MedVL` (float64): a comprehension and a generation batch,
+    each through its own projector (and, for the H-LoRA methods, its own plug-in)."""
+    from workbench.models.medvl import MedVL, MedVLConfig
+    from workbench.models.vq import VQConfig
+
+    words = "is there a lesion yes no ? reconstruct the image .".split()
+    generator = torch.Generator().manual_seed(0)
+    images = torch.rand(2, 1, 64, 64, generator=generator, dtype=torch.float64)
+    targets = torch.randint(0, 16, (2, 8, 8), generator=generator)
+
+    def build():
+        torch.manual_seed(0)
+        vq = VQConfig(codebook_size=16, code_dim=8, channels=8, res_blocks=1)
+        config = MedVLConfig(vision_hidden=16, vision_heads=2, vision_intermediate=32, lm_hidden=32, lm_heads=2,
+                             lm_intermediate=64, lm_layers=2, vision_layers=2, vq=vq)  # fmt: skip
+        return MedVL(config, words).double().eval()
+
+    def batches(model):
+        return (model.encode_batch(images, ["is there a lesion?"] * 2, ["yes", "no"], kind="comprehension"),
+                model.encode_batch(images, ["reconstruct the image."] * 2, targets, kind="generation"))  # fmt: skip
+
+    def outputs(model):
+        comprehension, generation = batches(model)
+        return {"logits": torch.cat([model(**comprehension).logits, model(**generation).logits], dim=1)}
+
+    def loss(model):
+        return sum(model(**batch).loss for batch in batches(model))
+
+    return build, outputs, loss
+
+
+HLORA_SMALL = {"rank": 4, "alpha": 8.0, "generation_rank": 4, "generation_alpha": 8.0, "experts": 2}
 #: method -> (options, case: the kind of base model it fits)
 CASES = {
     "elora": ({"rank": 4, "alpha": 4.0}, mace_case),
@@ -130,6 +163,10 @@ CASES = {
     "physiopfm-mean": ({}, patch_gpt_case),
     "physiopfm-nearest": ({}, patch_gpt_case),
     "physiopfm-local": ({}, patch_gpt_case),
+    "hlora": (HLORA_SMALL, medvl_case),
+    "moelora": (HLORA_SMALL, medvl_case),
+    "hlora-lora": (HLORA_SMALL, medvl_case),
+    "hlora-mixed": (HLORA_SMALL, medvl_case),
 }
 #: Methods that replace the model's head (identity at start is of the backbone's features).
 REPLACES_HEAD = {"physiopfm", "physiopfm-none", "physiopfm-mean", "physiopfm-nearest", "physiopfm-local"}

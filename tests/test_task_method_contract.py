@@ -33,6 +33,7 @@ APPLIES = {
         "physiopfm-local",
     },
     "csbm": {"full", "readout", "homophily", "mixed-filters", "udagcn"},
+    "medvl": {"full", "readout", "lora", "hlora", "moelora", "hlora-lora", "hlora-mixed"},
     "features": {
         "full",
         "readout",
@@ -54,16 +55,23 @@ TINY = {
     "sleepedf": {"epochs": 1, "train_size": 8, "val_size": 4, "batch_size": 4},
     "motor-imagery": {"epochs": 1, "train_size": 8, "val_size": 4, "batch_size": 4},
     "physio": {"epochs": 1, "train_size": 16, "val_size": 8, "batch_size": 8},
+    "medvl": {"epochs": 1, "train_size": 24, "val_size": 8, "batch_size": 8},
     "features": {"epochs": 1, "train_size": 200, "val_size": 50, "pretrain_epochs": 10},
 }
 
 
 @pytest.fixture(scope="module")
-def rmd17_data(tmp_path_factory):
-    return str(write_rmd17_layout(tmp_path_factory.mktemp("rmd17") / "rmd17", n_frames=30, n_train=20))
+def data_paths(tmp_path_factory) -> dict[str, str]:
+    """Cut-down data of the tasks whose embedded data are too large for one tiny epoch per method."""
+    from workbench.domains.medvl.generate import generate
+
+    medvl = tmp_path_factory.mktemp("medvl") / "medvl"
+    generate(medvl, seed=5, train_subjects=6, test_subjects=1)
+    rmd17 = write_rmd17_layout(tmp_path_factory.mktemp("rmd17") / "rmd17", n_frames=30, n_train=20)
+    return {"rmd17": str(rmd17), "medvl": str(medvl)}
 
 
-def settings(task: str, method: str, rmd17_data: str) -> dict:
+def settings(task: str, method: str, data_paths: dict[str, str]) -> dict:
     tiny = dict(TINY[task])
     method_options = (
         {"epochs_factor": tiny.pop("epochs_factor")} if "epochs_factor" in tiny and method == "distill" else {}
@@ -71,16 +79,16 @@ def settings(task: str, method: str, rmd17_data: str) -> dict:
     tiny.pop("epochs_factor", None)
     if method == "physiopfm":
         method_options = {"iterations": 20, "sampling_steps": 5}
-    if task == "rmd17":
-        tiny["data"] = rmd17_data
+    if task in data_paths:
+        tiny["data"] = data_paths[task]
     return {**tiny, "method_options": method_options, "baselines": [], "quiet": True}
 
 
-def claims(task_name: str, rmd17_data: str) -> set[str]:
+def claims(task_name: str, data_paths: dict[str, str]) -> set[str]:
     """The methods whose ``check`` passes on the task's data and default model (what `adapt` runs first)."""
     task = tasks.get(task_name)(**{k: v for k, v in TINY[task_name].items() if k in ("nodes", "pretrain_epochs")})
     task.progress = False
-    raw = task.read(rmd17_data if task_name == "rmd17" else None, 0)
+    raw = task.read(data_paths.get(task_name), 0)
     model = task.load_model(None)
     tiny = TINY[task_name]
     data, _ = task.prepare(model, raw, tiny.get("train_size", 1), tiny.get("val_size", 1), 0)
@@ -100,19 +108,19 @@ def test_every_task_has_a_row():
 
 
 @pytest.mark.parametrize("task", sorted(APPLIES))
-def test_claims_match_the_table_and_refusals_leave_nothing(task, rmd17_data, tmp_path):
-    assert claims(task, rmd17_data) == APPLIES[task]
+def test_claims_match_the_table_and_refusals_leave_nothing(task, data_paths, tmp_path):
+    assert claims(task, data_paths) == APPLIES[task]
     refused = sorted(set(methods.names()) - APPLIES[task])[0]
     out = tmp_path / "refused"
     with pytest.raises(UserError, match=refused):
-        workbench.adapt(task, refused, out=str(out), **settings(task, refused, rmd17_data))
+        workbench.adapt(task, refused, out=str(out), **settings(task, refused, data_paths))
     assert not out.exists()
 
 
 @pytest.mark.parametrize("task, method", sorted((t, m) for t, names in APPLIES.items() for m in names))
-def test_an_applicable_pair_runs_one_tiny_epoch(task, method, rmd17_data, tmp_path):
+def test_an_applicable_pair_runs_one_tiny_epoch(task, method, data_paths, tmp_path):
     out = tmp_path / "run"
-    run = workbench.adapt(task, method, out=str(out), **settings(task, method, rmd17_data))
+    run = workbench.adapt(task, method, out=str(out), **settings(task, method, data_paths))
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["task"] == task and metrics["method"] == method and metrics["costs"][method]["epochs"] >= methods.get(method).trains
     assert metrics["after"] and all(value == value for value in metrics["after"].values())  # scored, no NaN
