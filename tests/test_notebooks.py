@@ -16,6 +16,7 @@ SMALL_SETTINGS = {
     "ecg_quickstart.ipynb": {"EPOCHS": 2, "DISTILL_EPOCHS_FACTOR": 1},
     "eeg_quickstart.ipynb": {"EPOCHS": 2},
     "physio_quickstart.ipynb": {"EPOCHS": 2, "ITERATIONS": 100},
+    "medvl_quickstart.ipynb": {"EPOCHS": 1},
 }
 #: A line each notebook prints when it ran to its end.
 EXPECTED = {
@@ -25,6 +26,7 @@ EXPECTED = {
     "ecg_quickstart.ipynb": "macro AUROC",
     "eeg_quickstart.ipynb": "window rows",
     "physio_quickstart.ipynb": "balanced accuracy",
+    "medvl_quickstart.ipynb": "closed-VQA accuracy",
 }
 
 
