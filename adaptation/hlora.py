@@ -23,6 +23,8 @@ Methods here (the same model, targets and stages; only what differs is named):
 - ``hlora-mixed``: H-LoRA trained in one stage on every sub-task with everything the three stages train, for three
   times ``--epochs`` (HealthGPT's "mixed training" comparison).
 
+The learning rate of stage 3 (and of the mixed stage) is the run's, 1e-3 by default: HealthGPT trains H-LoRA at
+2e-4 on a 3.8B-parameter LM for whole epochs of VL-Health; the tiny model here gets a few epochs per stage.
 Ranks are the authors' shape at this model's size: comprehension ``r = 16, alpha = 32``, generation
 ``r = 32, alpha = 64`` (HealthGPT: 64 / 128 and 256 / 512 on a 3.8B-parameter LM), ``k = 4`` experts.
 
