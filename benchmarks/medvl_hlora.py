@@ -200,15 +200,17 @@ def main() -> None:
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     machine = f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}"
     results.update({"epochs": args.epochs, "machine": machine})
+    RESULTS.parent.mkdir(exist_ok=True)
     if "step_times" in args.parts:
         results["step_times"] = step_times(tuple(args.ks), args.repeats)
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")  # each part saved as soon as it is done
     if "interference" in args.parts:
         results["interference"] = interference(args.epochs)
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     if "quality" in args.parts:
         with tempfile.TemporaryDirectory() as runs:
             results["quality"] = quality(args.seeds, args.epochs, Path(runs))
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     print(tables(results))
 
 
