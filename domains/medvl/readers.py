@@ -66,7 +66,7 @@ VQA_RAD_TEST_PHRASES = ("test_freeform", "test_para")
 VALIDATION_FILES = ("val.json", "validate.json", "validation.json")
 IMAGE_TOKEN = "<image>"
 #: A generated image written as VQ code tokens in the answer (HealthGPT's layout), instead of a target_image.
-_CODE_TOKEN = re.compile(r"<idx_\d+>")
+CODE_TOKEN = re.compile(r"<idx_(\d+)>")
 _CLOSED_ANSWERS = ("yes", "no")
 
 
@@ -224,7 +224,7 @@ def _llava(rec: _Record, base: Path, image_root: Path | None) -> list[VlSample]:
         raise rec.error("task", f"one of {', '.join(TASK_TYPES)}", f"{task!r:.60}")
     image = rec.image("image", _relative(base, image_root, images[0].strip()))
     target = data.get("target_image")
-    coded = all(_CODE_TOKEN.search(turn["value"]) for turn in turns[1::2])
+    coded = all(CODE_TOKEN.search(turn["value"]) for turn in turns[1::2])
     if task in GENERATION_TASKS and target is None and not coded:
         raise rec.error(
             "target_image",

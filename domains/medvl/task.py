@@ -46,7 +46,7 @@ import torch
 from torch import nn
 from workbench.domains.medvl.generate import COMPREHENSION_TASKS, GENERATION_TASKS, report_findings
 from workbench.domains.medvl.images import load_image
-from workbench.domains.medvl.readers import VlSample, read_folder, read_json
+from workbench.domains.medvl.readers import CODE_TOKEN, VlSample, read_folder, read_json
 from workbench.models.medvl import UNK
 
 from workbench.errors import UserError
@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 EMBEDDED = Path(__file__).resolve().parent / "embedded"
 #: What ``--method hlora`` (and its variants) is compared with in the same run.
 HLORA_BASELINES = ("hlora-lora",)
-_CODE_TOKEN = re.compile(r"<idx_(\d+)>")
 
 
 @dataclass
@@ -179,7 +178,7 @@ class MedVLTask(Task):
     def _answer_codes(self, model: nn.Module, sample: VlSample) -> torch.Tensor:
         """VQ codes written in a generation answer as ``<idx_i>`` tokens (HealthGPT's layout), checked against the
         model's codebook."""
-        found = [int(i) for i in _CODE_TOKEN.findall(sample.answer)]
+        found = [int(i) for i in CODE_TOKEN.findall(sample.answer)]
         grid, size = model.vq.grid, model.config.vq.codebook_size
         where = f"{_where(sample)}, field 'conversations' (the answer)"
         if not found:
