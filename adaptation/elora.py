@@ -19,7 +19,12 @@ fork of e3nn or MACE):
   a dense ``W += (alpha / r) · A @ B``;
 * MACE's symmetric contraction: the highest-order weights ``(n_elements, n_params, channels)`` get
   ``W_e += (alpha / r) · (A_e / n_params) @ B`` — ``A`` per element, ``B`` shared — and, as the
-  authors do, the lower-order contraction weights train in full (``train_lower_order``).
+  authors do, the lower-order contraction weights train in full (``train_lower_order``);
+* the same MACE on cuEquivariance (`workbench.models.mace.to_cueq`): its ``Linear`` and fully connected tensor
+  products keep e3nn's per-path flat weight layout, so they get the same per-path update; its symmetric
+  contraction stacks all of e3nn's contraction weights in one tensor, and `ContractionLowRank` gives each stacked
+  block the update its e3nn weight gets. ELoRA on the converted model is the same function as ELoRA on the e3nn
+  model with the same adapter values (tested to 1e-10 in float64).
 
 A block whose smaller side is below ``r`` gets that smaller rank instead (``A @ B`` can already
 reach every matrix of the block then, so nothing is lost but parameters); the scale stays ``alpha / r``.
@@ -64,6 +69,12 @@ try:  # MACE is optional: without it ELoRA still adapts any e3nn model
     from mace.modules.symmetric_contraction import Contraction as MaceContraction
 except ImportError:  # pragma: no cover - mace-torch is installed with the atomistic extra
     MaceContraction = None
+
+try:  # cuEquivariance is optional (the cueq extra): MACE converted by `workbench.models.mace.to_cueq`
+    import cuequivariance as cue
+    import cuequivariance_torch as cuet
+except ImportError:
+    cue = cuet = None
 
 
 class PathLowRank(nn.Module):
@@ -135,8 +146,63 @@ class ElementLowRank(nn.Module):
         return weight + self.scale * (self.A / self.n_params) @ self.B
 
 
+class ContractionLowRank(nn.Module):
+    """ELoRA on a cuEquivariance symmetric contraction, whose one weight holds all of e3nn's contraction weights.
+
+    ``blocks`` (from `workbench.models.mace.to_cueq`): ``(is_highest_order, n_params)`` of each e3nn weight in the
+    order they are stacked along the weight's second axis. A highest-order block gets `ElementLowRank`'s update
+    ``(alpha/r) · (A_e / n_params) @ B``; a lower-order block, when ``train_lower_order``, a full update ``D``
+    (zeros at start), which trains exactly as the e3nn weight itself does. With mace-torch's reduced
+    Clebsch-Gordan basis the stacked update is projected as the converter projects the weights: ``Δ @ P``.
+
+    Shapes:
+        weight ``(n_elements, n_reduced, channels)`` -> same; ``P (sum n_params, n_reduced)``.
+    """
+
+    def __init__(
+        self,
+        blocks: list[tuple[bool, int]],
+        shape: tuple[int, int, int],
+        projection: torch.Tensor | None,
+        rank: int,
+        alpha: float,
+        train_lower_order: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        super().__init__()
+        n_elements, _, channels = shape
+        self.blocks = blocks
+        self.scale = alpha / rank
+        self.A, self.B, self.D = nn.ParameterList(), nn.ParameterList(), nn.ParameterList()
+        for highest, n_params in blocks:
+            if highest:
+                r = min(rank, n_elements * n_params, channels)
+                self.A.append(nn.Parameter(torch.randn(n_elements, n_params, r, dtype=dtype, device=device)))
+                self.B.append(nn.Parameter(torch.zeros(r, channels, dtype=dtype, device=device)))
+            else:
+                delta = nn.Parameter(torch.zeros(n_elements, n_params, channels, dtype=dtype, device=device))
+                self.D.append(delta.requires_grad_(train_lower_order))
+        self.register_buffer(
+            "projection", None if projection is None else projection.to(dtype=dtype, device=device), persistent=False
+        )
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        highest, lower, parts = iter(zip(self.A, self.B)), iter(self.D), []
+        for is_highest, n_params in self.blocks:
+            if is_highest:
+                a, b = next(highest)
+                parts.append(self.scale * (a / n_params) @ b)
+            else:
+                parts.append(next(lower))
+        delta = torch.cat(parts, dim=1)
+        if self.projection is not None:
+            delta = torch.einsum("zau,ab->zbu", delta, self.projection)
+        return weight + delta
+
+
 #: The parametrizations ELoRA registers (what `merge` removes; `apply` refuses a model already carrying one).
-ADAPTERS = (PathLowRank, DenseLowRank, ElementLowRank)
+ADAPTERS = (PathLowRank, DenseLowRank, ElementLowRank, ContractionLowRank)
 
 
 def _adapted(model: nn.Module) -> list[tuple[nn.Module, str, bool]]:
@@ -151,10 +217,28 @@ def _adapted(model: nn.Module) -> list[tuple[nn.Module, str, bool]]:
     return found
 
 
-def _weighted_path_shapes(module: o3.Linear | o3.TensorProduct) -> list[tuple[int, ...]]:
+def _weighted_path_shapes(module: nn.Module) -> list[tuple[int, ...]]:
+    """Block shape of each weighted path, in the flat weight's order (e3nn's instructions, or the segments of
+    cuEquivariance's descriptor, which follow e3nn's order: the converter copies the flat weights as they are)."""
     if isinstance(module, o3.Linear):
         return [tuple(ins.path_shape) for ins in module.instructions]
-    return [tuple(ins.path_shape) for ins in module.instructions if ins.has_weight]
+    if isinstance(module, o3.TensorProduct):
+        return [tuple(ins.path_shape) for ins in module.instructions if ins.has_weight]
+    if isinstance(module, cuet.Linear):
+        descriptor = cue.descriptors.linear(module.irreps_in, module.irreps_out)
+    else:
+        descriptor = cue.descriptors.fully_connected_tensor_product(
+            module.irreps_in1, module.irreps_in2, module.irreps_out
+        )
+    return [tuple(segment) for segment in descriptor.polynomial.inputs[0].segments]
+
+
+def _cueq_weighted(module: nn.Module) -> bool:
+    """A cuEquivariance Linear or fully connected tensor product with one internal weight row."""
+    if cuet is None or not isinstance(module, (cuet.Linear, cuet.FullyConnectedTensorProduct)):
+        return False
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, nn.Parameter) and weight.ndim == 2 and weight.shape[0] == 1 and weight.numel() > 0
 
 
 def _targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str]]:
@@ -164,6 +248,10 @@ def _targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str]]:
             yield module, "weight", "path"
         elif isinstance(module, o3.TensorProduct) and module.internal_weights and module.weight_numel > 0:
             yield module, "weight", "path"
+        elif _cueq_weighted(module):
+            yield module, "weight", "path"
+        elif cuet is not None and isinstance(module, cuet.SymmetricContraction) and hasattr(module, "elora_blocks"):
+            yield module, "weight", "contraction"
         elif isinstance(module, (RadialLayer, nn.Linear)):
             yield module, "weight", "dense"
         elif MaceContraction is not None and isinstance(module, MaceContraction):
@@ -199,6 +287,14 @@ def apply(model: nn.Module, rank: int = 16, alpha: float = 16.0, train_lower_ord
             adapter = PathLowRank(_weighted_path_shapes(module), **kwargs)
         elif kind == "dense":
             adapter = DenseLowRank(tuple(weight.shape), **kwargs)
+        elif kind == "contraction":
+            adapter = ContractionLowRank(
+                module.elora_blocks,
+                tuple(weight.shape),
+                module.elora_projection,
+                train_lower_order=train_lower_order,
+                **kwargs,
+            )
         else:
             adapter = ElementLowRank(tuple(weight.shape), **kwargs)
             if train_lower_order:

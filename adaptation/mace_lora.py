@@ -10,6 +10,7 @@ from __future__ import annotations
 from mace.modules.lora import inject_LoRAs, merge_lora_weights
 from torch import nn
 
+from workbench.errors import UserError
 from workbench.method import Method
 from workbench.options import Option
 from workbench.registry import methods
@@ -25,6 +26,14 @@ class MaceLoRA(Method):
         Option("rank", int, 4, "LoRA rank of mace-torch's adapters"),
         Option("alpha", float, 1.0, "LoRA alpha of mace-torch's adapters"),
     )
+
+    def check(self, task, data, model: nn.Module) -> None:
+        super().check(task, data, model)
+        if any(type(module).__module__.startswith("cuequivariance_torch") for module in model.modules()):
+            raise UserError(
+                "method 'mace-lora' wraps e3nn's o3.Linear; on the cuEquivariance backend it would adapt the radial "
+                "MLP only. Run it with --backend e3nn, or leave it out (--baselines full,readout)"
+            )
 
     def prepare(self, model: nn.Module) -> nn.Module:
         return inject_LoRAs(model, rank=self.config["rank"], alpha=self.config["alpha"])

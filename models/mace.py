@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from e3nn import o3
 from mace import modules
+from mace.modules.wrapper_ops import CUET_AVAILABLE
 from torch import nn
 
 from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
@@ -46,10 +47,17 @@ FOUNDATION_ARCHITECTURE: dict[str, Any] = {
     "radial_MLP": [64, 64, 64],
     "interaction": "RealAgnosticResidualInteractionBlock",
     "atomic_numbers": [1, 6, 7, 8],
+    "use_reduced_cg": False,
 }
 
 #: What a MACE model declares to the methods: its per-element readouts are the head.
 SPEC = ModelSpec(family="mace", head="readouts")
+
+#: Architecture keys with a default for checkpoints written before they were stored. ``use_reduced_cg``: the
+#: symmetric contraction's basis; mace-torch defaults it to True but applies it only when cuequivariance is
+#: installed, so the same arguments build other weight shapes on other machines. The workbench always passes it
+#: explicitly and stores it; checkpoints without it were built without cuequivariance, i.e. with False.
+OPTIONAL = ("use_reduced_cg",)
 
 #: Keys `build_mace` needs beyond the architecture (they come from the pretraining data).
 DATA_STATISTICS = ("atomic_energies", "avg_num_neighbors", "atomic_inter_scale", "atomic_inter_shift")
@@ -73,9 +81,17 @@ def build_mace(hparams: Mapping[str, Any]) -> modules.ScaleShiftMACE:
     ``atomic_numbers``, eV), ``avg_num_neighbors``, and the scale (eV) and shift (eV) of the
     per-atom interaction energy.
     """
-    missing = [key for key in (*FOUNDATION_ARCHITECTURE, *DATA_STATISTICS) if key not in hparams]
+    missing = [
+        key for key in (*FOUNDATION_ARCHITECTURE, *DATA_STATISTICS) if key not in hparams and key not in OPTIONAL
+    ]
     if missing:
         raise UserError(f"MACE hyper-parameters lack {missing}")
+    use_reduced_cg = bool(hparams.get("use_reduced_cg", False))
+    if use_reduced_cg and not CUET_AVAILABLE:
+        raise UserError(
+            "MACE hyper-parameter 'use_reduced_cg': true needs cuequivariance (pip install 'workbench[cueq]'); "
+            "without it mace-torch silently builds the full Clebsch-Gordan basis, whose weights have other shapes"
+        )
     interaction = modules.interaction_classes[hparams["interaction"]]
     with default_dtype(torch.float64):
         model = modules.ScaleShiftMACE(
@@ -97,6 +113,7 @@ def build_mace(hparams: Mapping[str, Any]) -> modules.ScaleShiftMACE:
             radial_MLP=list(hparams["radial_MLP"]),
             atomic_inter_scale=hparams["atomic_inter_scale"],
             atomic_inter_shift=hparams["atomic_inter_shift"],
+            use_reduced_cg=use_reduced_cg,
         )
     return declare(model)
 
@@ -166,6 +183,62 @@ def _load_safetensors(path: Path) -> nn.Module:
     check_state_fits(model.state_dict(), state, path, f"weights do not fit the hyper-parameters in {config_path.name}")
     model.load_state_dict(state)
     return model
+
+
+def to_cueq(model: nn.Module) -> nn.Module:
+    """The same MACE on cuEquivariance's tensor products (mace-torch's ``convert_e3nn_cueq``); a new model.
+
+    Every e3nn ``Linear``, the skip tensor product, the channel-wise convolution and the symmetric contraction become
+    cuequivariance-torch modules, in the ``ir_mul`` layout, with the weights carried over. On a GPU they run
+    cuequivariance's CUDA kernels (package ``cuequivariance-ops-torch-cu12``), the convolution fused with its scatter
+    sum; on a CPU its pure-PyTorch ``naive`` method, which gives the same numbers (tested to 1e-10 in float64).
+
+    Each converted symmetric contraction keeps, as ``elora_blocks``, the layout of its one weight tensor in e3nn's
+    terms (which rows are the highest-order weights of which output irrep), so that ELoRA can adapt it as it adapts
+    the e3nn model (`workbench.adaptation.elora`). ``model`` must be plain: merge adapters first.
+    """
+    if not CUET_AVAILABLE:
+        raise UserError(
+            "--backend cueq needs cuequivariance: pip install 'workbench[cueq]' (and on a GPU 'workbench[cueq-cuda]')"
+        )
+    if any(torch.nn.utils.parametrize.is_parametrized(module) for module in model.modules()):
+        raise UserError("to_cueq: the model carries adapters; merge them first (the converter copies plain weights)")
+    import cuequivariance as cue
+    from mace.cli.convert_e3nn_cueq import run as convert
+    from mace.tools.cg import O3_e3nn
+    from mace.tools.cg_cueq_tools import symmetric_contraction_proj
+
+    parameter = next(model.parameters())
+    reduced = bool(getattr(model, "use_reduced_cg", False))
+    with default_dtype(parameter.dtype):  # the converter sets torch's default dtype for good otherwise
+        converted = convert(model, device=parameter.device.type, return_model=True, layout="ir_mul")
+    for source, target in zip(model.products, converted.products):
+        contraction = source.symmetric_contractions
+        blocks = []
+        for contraction_k in contraction.contractions:
+            for suffix, weight in (("max", contraction_k.weights_max), *enumerate(contraction_k.weights)):
+                flag = getattr(contraction_k, f"weights_{suffix}_zeroed", None)
+                if not (flag is not None and bool(flag)) or reduced:  # the converter skips zeroed weights
+                    blocks.append((suffix == "max", int(weight.shape[1])))
+        projection = None
+        if reduced:
+            irreps_in = o3.Irreps(str(irrep.ir) for irrep in contraction.irreps_in)
+            irreps_out = o3.Irreps(str(irrep.ir) for irrep in contraction.irreps_out)
+            _, proj = symmetric_contraction_proj(
+                cue.Irreps(O3_e3nn, str(irreps_in)),
+                cue.Irreps(O3_e3nn, str(irreps_out)),
+                list(range(1, contraction.contractions[0].correlation + 1)),
+            )
+            projection = torch.as_tensor(proj, dtype=parameter.dtype)
+        weight = target.symmetric_contractions.weight
+        if sum(rows for _, rows in blocks) != (weight.shape[1] if projection is None else projection.shape[0]):
+            raise UserError(
+                f"to_cueq: the converted symmetric contraction's weight {tuple(weight.shape)} does not match "
+                f"e3nn's blocks {blocks}"
+            )
+        target.symmetric_contractions.elora_blocks = blocks
+        target.symmetric_contractions.elora_projection = projection
+    return declare(converted.to(parameter.dtype).eval())
 
 
 def atomic_numbers_of(model: nn.Module) -> list[int]:

@@ -26,7 +26,7 @@ from torch import nn
 from workbench.domains.atomistic import plots
 from workbench.domains.atomistic.frames import check_elements, collate, predict, to_graphs
 from workbench.domains.atomistic.readers import LabelledSet, read_extxyz_set, read_rmd17
-from workbench.models.mace import atomic_numbers_of, set_atomic_energies
+from workbench.models.mace import atomic_numbers_of, set_atomic_energies, to_cueq
 
 from workbench.errors import UserError
 from workbench.options import Option
@@ -97,6 +97,7 @@ class Rmd17(Task):
         "energy_mae_mev_per_atom",
     )
     defaults = {"epochs": 40, "batch_size": 5, "train_size": 50, "patience": 15}
+    precisions = ("float64", "float32")  # MACE-OFF trains in float64; float32 is MACE-MP's and faster on GPUs
     examples = (
         "workbench adapt --domain rmd17                          # ELoRA + baselines on the embedded DFT data",
         "workbench adapt --domain rmd17 --data ~/rmd17 --molecule aspirin --model MACE-OFF23_medium.model "
@@ -117,6 +118,14 @@ class Rmd17(Task):
         ),
         Option("energy_weight", float, 1.0, "weight of the per-atom energy error in the loss"),
         Option("forces_weight", float, 1000.0, "weight of the force error in the loss"),
+        Option(
+            "backend",
+            str,
+            "e3nn",
+            "tensor products: e3nn, or cueq (cuEquivariance: CUDA kernels on a GPU, its PyTorch fallback on a CPU; "
+            "the cueq extra)",
+            choices=("e3nn", "cueq"),
+        ),
     )
     generate_options = (
         Option("molecules", str, "", "comma-separated molecules (default: ethanol; for --corpus the G2 set)"),
@@ -133,6 +142,10 @@ class Rmd17(Task):
         )
 
     # -- data and model --------------------------------------------------------------------------
+    def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
+        model = super().load_model(source, trust_checkpoint)
+        return to_cueq(model) if self.config["backend"] == "cueq" else model
+
     def read(self, data: str | Path | None, seed: int = 0) -> LabelledSet:
         if data is None:
             return read_rmd17(EMBEDDED, self.config["molecule"], self.config["split"], card="rmd17-embedded")
@@ -156,7 +169,8 @@ class Rmd17(Task):
         val = [raw.frames[i] for i in order[train_size : train_size + val_size]]
         test = [raw.frames[i] for i in raw.test_indices]
         zs, r_max = atomic_numbers_of(model), float(model.r_max)
-        train_graphs = to_graphs(train, zs, r_max)
+        dtype = next(model.parameters()).dtype  # --precision: the samples in the model's dtype
+        train_graphs = to_graphs(train, zs, r_max, dtype)
         if self.config["e0s"] == "fit":
             prior = {_ELEMENT_NUMBERS[k]: v for k, v in raw.isolated_atom_energies_ev.items()}
             e0s = fit_atomic_energies(model, train_graphs, prior)
@@ -170,7 +184,9 @@ class Rmd17(Task):
             "molecule": self.config["molecule"] if raw.source.endswith(".npz") else None,
             "frames": {"train": len(train), "val": len(val), "test": len(test)},
         }
-        data = TaskData(train_graphs, to_graphs(val, zs, r_max), to_graphs(test, zs, r_max), raw.source, summary)
+        data = TaskData(
+            train_graphs, to_graphs(val, zs, r_max, dtype), to_graphs(test, zs, r_max, dtype), raw.source, summary
+        )
         return data, {"e0s_ev": {str(z): e for z, e in e0s.items()}}
 
     def refit(self, model: nn.Module, data: TaskData) -> dict[str, Any] | None:
@@ -188,7 +204,8 @@ class Rmd17(Task):
 
     def test_samples(self, model: nn.Module, raw: LabelledSet) -> list[Any]:
         check_elements(raw.frames, atomic_numbers_of(model), raw.source)
-        return to_graphs([raw.frames[i] for i in raw.test_indices], atomic_numbers_of(model), float(model.r_max))
+        frames = [raw.frames[i] for i in raw.test_indices]
+        return to_graphs(frames, atomic_numbers_of(model), float(model.r_max), next(model.parameters()).dtype)
 
     def restore(self, model: nn.Module, state: Mapping[str, Any]) -> None:
         set_atomic_energies(model, {int(z): float(e) for z, e in state["e0s_ev"].items()})
