@@ -12,7 +12,24 @@ Outside ``span(U)`` both densities agree, so the ratio depends on ``u`` alone:
 
     log r(x) = log p_t(x) − log p_s(x) = Σ_j [ −½ ((u_j − m_j) / s_j)² − log s_j + ½ u_j² ].
 
-Under the source, ``E[r] = 1`` and ``E[r²]`` is finite only when every ``s_j < √2`` (enforced).
+Under the source, ``E[r] = 1`` and ``E[r²]`` is finite only when every ``s_j < √2`` (enforced); then
+
+    E_s[r²] = ∏_j exp(m_j² / (2 − s_j²)) / (s_j √(2 − s_j²))      (`GaussianShift.ratio_variance` is this − 1).
+
+Two families:
+
+* `make_covariate_shift` — the *subspace* family: ``k = shift_dims`` (default 2) directions shift, the
+  other ``d − k`` do not, whatever ``d`` is.
+* `make_full_rank_shift` — the *full-rank* family: ``U`` is a random ``d × d`` rotation and the scale
+  changes along every column, ``log s_j = τ t_j`` with ``t_j = (−1)^j j / d`` (``j = 1..d``: magnitudes
+  evenly spaced in ``(0, 1]``, signs alternating, so half the directions narrow and half widen) assigned
+  to the columns in random order, plus an optional mean shift along ``U[:, 0]``. Drawing ``s_j`` in a
+  fixed range would make ``E_s[r²]`` grow exponentially with ``d`` (each direction multiplies it by
+  ``≈ 1 + 2 (log s_j)²``; ``s_j`` evenly spaced in ``[0.7, 1.3]`` gives ``Var_s(r) ≈ 38`` at ``d = 50``,
+  uniform draws there 36–123: a ratio that is a few spikes). Instead ``τ`` is solved so that the
+  normalised variance ``Var_s(r) = E_s[r²] − 1`` equals ``ratio_variance`` (default 1, against ≈ 1.6 for
+  the default subspace problem) at every ``d``: the total shift stays the same while it spreads over
+  more directions (at ``d = 50``, ``τ ≈ 0.14``: standard deviations 0.87–1.15).
 
 Regression target (Shimodaira-style misspecification, J. Stat. Plan. Inference 2000): ``y = g(x) + ε``,
 ``g(x) = coefᵀx + curvature · u_1²``, ``ε ~ N(0, noise²)``. A linear model (`weighted_least_squares`)
@@ -27,6 +44,9 @@ Example::
     ((1000, 5), (1000, 5), (2000, 5))
     >>> bool(abs(problem.true_ratio(problem.sample("source", 100_000, seed=1)).mean() - 1) < 0.05)
     True
+    >>> full = make_full_rank_shift(dim=50, seed=0)
+    >>> full.shift.basis.shape, round(full.shift.ratio_variance, 6)
+    ((50, 50), 1.0)
 """
 
 from __future__ import annotations
@@ -35,6 +55,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import brentq
 
 _MAX_SCALE = math.sqrt(2.0)
 
@@ -64,6 +85,12 @@ class GaussianShift:
     @property
     def dim(self) -> int:
         return self.basis.shape[0]
+
+    @property
+    def ratio_variance(self) -> float:
+        """Normalised variance of the true ratio under the source, ``Var_s(r) = E_s[r²] − 1`` (closed form;
+        the NMSE of the constant estimate ``r̂ = 1``)."""
+        return math.expm1(_log_second_moment(self.target_mean, self.target_scale))
 
     def sample(self, domain: str, n: int, seed: int | np.random.Generator | None = None) -> np.ndarray:
         """``n`` inputs from ``domain`` ("source" or "target"). Shapes: -> ``(n, d)``."""
@@ -174,6 +201,22 @@ def make_covariate_shift(
     shift = GaussianShift(
         basis=basis, target_mean=target_mean, target_scale=scale, coef=coef, curvature=curvature, noise=noise
     )
+    return _draw_problem(shift, n_source, n_target, n_test, rng)
+
+
+def _log_second_moment(mean: np.ndarray, scale: np.ndarray) -> float:
+    """``log E_s[r²]`` for target ``N(m_j, s_j²)`` against ``N(0, 1)`` along each shift direction (``s_j < √2``).
+
+    Shapes: mean, scale ``(k,)``.
+    """
+    return float(np.sum(mean**2 / (2 - scale**2) - np.log(scale) - 0.5 * np.log(2 - scale**2)))
+
+
+def _draw_problem(shift: GaussianShift, n_source: int, n_target: int, n_test: int, rng) -> CovariateShiftProblem:
+    """One draw of the data of ``shift``, in a fixed order (source, its labels, target, test, test labels)."""
+    for name, n in (("n_source", n_source), ("n_target", n_target), ("n_test", n_test)):
+        if n < 1:
+            raise ValueError(f"{name} must be at least 1, got {n}")
     x_source = shift.sample("source", n_source, rng)
     y_source = shift.label(x_source, rng)  # drawn before the target, so n_target and n_test leave the source be
     x_target = shift.sample("target", n_target, rng)
@@ -186,6 +229,69 @@ def make_covariate_shift(
         x_test=x_test,
         y_test=shift.label(x_test, rng),
     )
+
+
+def make_full_rank_shift(
+    dim: int = 10,
+    mean_shift: float = 0.0,
+    ratio_variance: float = 1.0,
+    n_source: int = 1000,
+    n_target: int = 1000,
+    n_test: int = 2000,
+    curvature: float = 1.0,
+    noise: float = 0.5,
+    seed: int = 0,
+) -> CovariateShiftProblem:
+    """Draw a full-rank `CovariateShiftProblem` (module docstring): the scale changes along all ``d`` directions.
+
+    ``U`` is a random rotation ``(d, d)``; the target is ``N(U m, U diag(s²) Uᵀ)`` with ``m = (mean_shift, 0,
+    …, 0)`` and ``log s_j = τ t_j``, ``t`` a random permutation of ``(−1)^j j / d``, ``j = 1..d``; ``τ > 0``
+    (below ``log √2 / max t``, where the widest ``s_j`` reaches √2) is solved (Brent's method on the closed-form
+    ``E_s[r²]``) so that ``Var_s(r) = ratio_variance``. The log-ratio is a sum of ``d`` one-dimensional terms in
+    ``u = Uᵀx``. Everything follows from ``seed``; the data are drawn as in `make_covariate_shift`.
+
+    Args:
+        dim: input dimension ``d`` (at least 2; for one direction use `make_covariate_shift`).
+        mean_shift: target mean along ``U[:, 0]``, in source standard deviations (default 0: scale only). The
+            mean shift alone gives ``Var_s(r) = exp(mean_shift²) − 1``, which must stay below ``ratio_variance``.
+        ratio_variance: the normalised variance of the true ratio under the source, ``E_s[r²] − 1`` (> 0;
+            default 1).
+        n_source, n_target, n_test, curvature, noise, seed: as in `make_covariate_shift`.
+    """
+    if not (isinstance(dim, (int, np.integer)) and dim >= 2):
+        raise ValueError(f"dim must be an integer >= 2, got {dim!r} (for d = 1 use make_covariate_shift)")
+    if not (math.isfinite(ratio_variance) and ratio_variance > 0):
+        raise ValueError(f"ratio_variance must be a finite number > 0, got {ratio_variance!r}")
+    target_log = math.log1p(ratio_variance)
+    if not (math.isfinite(mean_shift) and mean_shift**2 < target_log):
+        raise ValueError(
+            f"mean_shift={mean_shift!r} alone gives Var_s(r) = exp(mean_shift²) − 1 = {math.expm1(mean_shift**2):.3g} "
+            f">= ratio_variance={ratio_variance}: lower mean_shift below {math.sqrt(target_log):.3g} or raise "
+            "ratio_variance"
+        )
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
+    coef = rng.standard_normal(dim)
+    coef /= np.linalg.norm(coef)
+    steps = np.arange(1, dim + 1)
+    spread = rng.permutation((-1.0) ** steps * steps / dim)
+    target_mean = np.zeros(dim)
+    target_mean[0] = mean_shift
+
+    def excess(tau: float) -> float:
+        return _log_second_moment(target_mean, np.exp(tau * spread)) - target_log
+
+    # below 0 at τ = 0 (checked above); E_s[r²] -> ∞ as the widest s_j = e^{τ max t} -> √2
+    tau = brentq(excess, 0.0, math.log(_MAX_SCALE) / spread.max() * (1 - 1e-9), xtol=1e-14)
+    shift = GaussianShift(
+        basis=basis,
+        target_mean=target_mean,
+        target_scale=np.exp(tau * spread),
+        coef=coef,
+        curvature=curvature,
+        noise=noise,
+    )
+    return _draw_problem(shift, n_source, n_target, n_test, rng)
 
 
 def importance_weights(ratio: np.ndarray, max_weight: float = 10.0) -> np.ndarray:
