@@ -264,7 +264,11 @@ class HTuning(Method):
     full; everything else frozen. Works on any model that declares target groups, a head and an embedding hook.
     The adapters compute ``(W + ΔW) x`` (``compute="weight"``, loralib's way for convolutions): the full-batch ZO
     passes then hold no adapter activations (one step of 32 records on the shipped teacher: 8.5 MiB, against
-    10.9 MiB the input way; ``benchmarks/ecg_htuning.py``).
+    10.9 MiB the input way; ``benchmarks/ecg_htuning.py``). The graph-free forwards (the two ZO passes, the head's
+    features) run ``zo_chunk`` records at a time (default 8): the same gradient up to rounding (`batch_loss`), in the
+    activation memory of 8 records instead of the batch's — on the shipped teacher no more than the ``bp_batch``
+    backprop already needs, so smaller chunks only cost time; ``--zo-chunk 0`` runs them on the whole batch, as
+    published.
 
     The step *replaces* ``loss.backward()`` through the engine's ``Method.gradients(task, model, batch, step)``
     hook: it writes every trainable ``.grad`` (`mixed_order_gradients`) and returns the detached full-batch
@@ -288,8 +292,9 @@ class HTuning(Method):
         Option(
             "zo_chunk",
             int,
-            0,
-            "records per graph-free forward (ZO passes, head features); 0 = the whole batch at once (the paper's)",
+            8,
+            "records per graph-free forward (ZO passes, head features): the same gradient in the activation memory "
+            "of this many records; 0 = the whole batch at once (the paper's)",
         ),
     )
 

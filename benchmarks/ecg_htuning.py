@@ -15,8 +15,12 @@ and >= 19x smaller. Three measurements, each side by side in this script:
    mixed-order step, then the optimizer). Training memory = VmHWM after the steps minus the resident size
    before them (on a GPU: ``max_memory_allocated`` minus ``memory_allocated`` before). One thread per process;
    glibc's mmap threshold is fixed at 64 KiB so freed tensors leave the resident set at once. A distilled
-   student's step includes its teacher's forward. ``htuning-chunked`` is the same H-Tuning step with its
-   graph-free forwards run 4 records at a time (``--zo-chunk 4``): the same gradient, so the same scores.
+   student's step includes its teacher's forward. Beside it, in the same worker afterwards, the figure a
+   ``workbench adapt`` run reports at that batch size (``training_step_bytes``, `workbench.memory`): peak bytes of
+   the tensors a trainer step allocates (activations, gradients, Adam and EMA state; on a CPU not the input
+   batch, which the task makes from NumPy memory), the larger of 2 steps after a warm-up. ``htuning`` runs its
+   graph-free forwards 8 records at a time (the default); ``htuning-published`` on the whole batch
+   (``--zo-chunk 0``): the same gradient, so the same scores.
 3. Inference latency (one thread, ``inference_mode``, median of interleaved repeats) and size (parameters,
    float32 bytes) of the teacher and the students, in this process, at batch 1 and 32.
 
@@ -42,10 +46,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-#: Memory rows: (row name, method, options). ``htuning-chunked`` computes the same gradient (up to rounding) with its
-#: graph-free forwards 4 records at a time (``--zo-chunk 4``), so it shares ``htuning``'s scores.
+#: Memory rows: (row name, method, options). ``htuning-published`` computes the same gradient (up to rounding) with its
+#: graph-free forwards on the whole batch (``--zo-chunk 0``, as published), so it shares ``htuning``'s scores.
 TRAINED = (("full", "full", {}), ("lora", "lora", {}), ("htuning", "htuning", {}))
-CHUNKED = ("htuning-chunked", "htuning", {"zo_chunk": 4})
+PUBLISHED = ("htuning-published", "htuning", {"zo_chunk": 0})
 STUDENT_LEADS = (12, 3, 1)
 STUDENTS = tuple((f"student-{n}", "distill", {"n_leads": n}) for n in STUDENT_LEADS)
 
@@ -56,10 +60,12 @@ def _resident_kib(field: str) -> int:
 
 
 def worker(method_name: str, options: dict, batch_size: int, steps: int, device_name: str, seed: int) -> dict:
-    """Training memory and seconds per step of one method, measured in this (fresh) process."""
+    """Training memory and seconds per step of one method, measured in this (fresh) process; then the run's figure."""
     from workbench.domains.ecg.task import PtbXl
 
     from workbench.registry import methods
+    from workbench.run import _training_step_bytes
+    from workbench.trainer import TrainSettings
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
@@ -73,6 +79,7 @@ def worker(method_name: str, options: dict, batch_size: int, steps: int, device_
     if method.takes_teacher:
         method.set_teacher(copy.deepcopy(base))  # the adapted teacher has the base's architecture and cost
     model = method.prepare(base).to(device)
+    probe = copy.deepcopy(model)  # for the run's figure, untouched by the steps below (it measures a copy too)
     method.setup(task, model, data, seed)
     batch = task.collate(samples, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -104,10 +111,12 @@ def worker(method_name: str, options: dict, batch_size: int, steps: int, device_
         training_bytes = torch.cuda.max_memory_allocated(device) - start_bytes
     else:
         training_bytes = (_resident_kib("VmHWM") - start_kib) * 1024
+    settings = TrainSettings(batch_size=batch_size, learning_rate=1e-3, seed=seed)
     return {
         "training_bytes": int(training_bytes),
         "seconds_per_step": statistics.median(seconds),
         "trainable_parameters": sum(p.numel() for p in trainable),
+        "in_run_step_bytes": _training_step_bytes(method, task, probe, data, settings, device),
     }
 
 
@@ -212,7 +221,7 @@ def main() -> None:
         return
 
     start = time.perf_counter()
-    rows_spec = (*TRAINED, CHUNKED, *STUDENTS)
+    rows_spec = (*TRAINED, PUBLISHED, *STUDENTS)
     memory = {
         (name, batch): measure_in_fresh_process(method, options, batch, args)
         for batch in args.memory_batches
@@ -221,17 +230,17 @@ def main() -> None:
     speed = latency_and_size((1, 32), args.repeats)
     with tempfile.TemporaryDirectory() as scratch:
         per_method = scores(args.seeds, args.epochs, Path(args.runs or scratch))
-    per_method["htuning-chunked"] = per_method["htuning"]
+    per_method["htuning-published"] = per_method["htuning"]
 
     full_auroc = np.mean([r["macro_auroc"] for r in per_method["full"]])
     teacher = speed["teacher"]
     batches = args.memory_batches
     print(f"\nptbxl embedded target site, seeds {args.seeds}, {args.epochs} epochs (students 3x); training memory "
-          f"and s/step per step of {'/'.join(map(str, batches))} records, fresh process each, {args.device}, "
-          "1 thread; latency: batch 1, 1 thread")  # fmt: skip
+          f"(MB: resident set; run: the run's tensor figure) and s/step per step of {'/'.join(map(str, batches))} "
+          f"records, fresh process each, {args.device}, 1 thread; latency: batch 1, 1 thread")  # fmt: skip
     header = (
-        f"{'method':16} {'macro AUROC':>12} {'macro AP':>12} {'macro F1':>12} {'vs full':>7} "
-        + " ".join(f"{f'MB@{b}':>7} {'full/x':>6} {f's/st@{b}':>7}" for b in batches)
+        f"{'method':18} {'macro AUROC':>12} {'macro AP':>12} {'macro F1':>12} {'vs full':>7} "
+        + " ".join(f"{f'MB@{b}':>7} {'full/x':>6} {f'run@{b}':>7} {'full/x':>6} {f's/st@{b}':>7}" for b in batches)
         + f" {'params':>8} {'lat. ms':>7} {'faster':>6} {'smaller':>7}"
     )
     print(header)
@@ -251,6 +260,8 @@ def main() -> None:
                     **memory[name, b],
                     "ratio_full_over_method": memory["full", b]["training_bytes"]
                     / max(memory[name, b]["training_bytes"], 1),
+                    "in_run_ratio_full_over_method": memory["full", b]["in_run_step_bytes"]
+                    / max(memory[name, b]["in_run_step_bytes"], 1),
                 }
                 for b in batches
             },
@@ -260,11 +271,13 @@ def main() -> None:
         }
         rows[name] = row
         cells = " ".join(
-            f"{m['training_bytes'] / 2**20:>7.1f} {m['ratio_full_over_method']:>6.1f} {m['seconds_per_step']:>7.3f}"
+            f"{m['training_bytes'] / 2**20:>7.1f} {m['ratio_full_over_method']:>6.1f} "
+            f"{m['in_run_step_bytes'] / 2**20:>7.1f} {m['in_run_ratio_full_over_method']:>6.1f} "
+            f"{m['seconds_per_step']:>7.3f}"
             for m in row["memory"].values()
         )
         print(
-            f"{name:16} {mean_sd(row['macro_auroc']):>12} {mean_sd(row['macro_average_precision']):>12} "
+            f"{name:18} {mean_sd(row['macro_auroc']):>12} {mean_sd(row['macro_average_precision']):>12} "
             f"{mean_sd(row['macro_f1']):>12} {row['auroc_minus_full']:>+7.3f} {cells} {size['parameters']:>8,} "
             f"{1000 * size['latency_batch1_s']:>7.2f} {row['latency_ratio_teacher_over_model']:>6.2f} "
             f"{row['size_ratio_teacher_over_model']:>7.1f}"

@@ -217,6 +217,49 @@ def test_chunked_graph_free_forwards_give_the_same_gradient():
         torch.testing.assert_close(p.grad, g, rtol=1e-9, atol=1e-14)
 
 
+def test_default_method_is_chunked_and_gives_the_published_gradient():
+    """The default `HTuning` runs its graph-free forwards in chunks; ``zo_chunk=0`` (the whole batch) gives the same
+    gradient (float64, a batch of 20 records: chunks of 8, 8 and 4)."""
+    ecg, labels = tiny_batch(n=20)
+    assert 0 < htuning.HTuning().config["zo_chunk"] < len(ecg)
+    gradients = {}
+    for chunk in (None, 0):
+        method = htuning.HTuning() if chunk is None else htuning.HTuning(zo_chunk=chunk)
+        model = method.prepare(tiny_encoder())
+        method.mixed_step(model, ecg, labels, BCE, seed=11)
+        gradients[chunk] = [p.grad for p in model.parameters() if p.requires_grad]
+    for chunked, whole in zip(gradients[None], gradients[0], strict=True):
+        torch.testing.assert_close(chunked, whole, rtol=1e-9, atol=1e-14)
+    with pytest.raises(UserError, match="zo-chunk"):
+        htuning.HTuning(zo_chunk=-1)
+
+
+def test_in_run_step_memory_ranks_full_above_htuning():
+    """The run's ``training_step_bytes`` (a copy of the model, the trainer's steps) at a batch of 4 tiny records:
+    full fine-tuning's gradients, Adam state and saved activations outweigh H-Tuning's (rank 2: on this 8-wide
+    model rank-16 adapters would be larger than the weights they adapt)."""
+    from types import SimpleNamespace
+
+    from workbench.domains.ecg.task import EcgSample, PtbXl
+
+    from workbench.registry import methods
+    from workbench.run import _training_step_bytes
+    from workbench.trainer import TrainSettings
+
+    ecg, labels = tiny_batch(n=6, dtype=torch.float32)
+    data = SimpleNamespace(train=[EcgSample(e.numpy(), y.numpy(), str(i)) for i, (e, y) in enumerate(zip(ecg, labels))])
+    task, settings = PtbXl(), TrainSettings(batch_size=4)
+    step_bytes = {}
+    for name, options in (("full", {}), ("htuning", {"rank": 2, "alpha": 2.0})):
+        method = methods.get(name)(**options)
+        model = method.prepare(tiny_encoder(dtype=torch.float32))
+        method.setup(task, model, data, 0)
+        step_bytes[name] = _training_step_bytes(method, task, model, data, settings, torch.device("cpu"))
+    weights = 4 * sum(p.numel() for p in tiny_encoder().parameters())
+    assert step_bytes["full"] > 4 * weights  # at least a gradient and three Adam/EMA copies of every weight
+    assert step_bytes["full"] > 1.5 * step_bytes["htuning"] > 0, step_bytes
+
+
 @pytest.mark.parametrize("exact_restore", [True, False])
 def test_parameters_restored_after_zeroth_order_passes(exact_restore):
     ecg, labels = tiny_batch()

@@ -46,6 +46,9 @@ def test_adapt_writes_metrics_costs_and_report(run_dir):
         assert cost["peak_memory_bytes"] > 0 and cost["train_seconds"] > 0
         assert 0 < cost["trainable_parameters"] <= cost["total_parameters"]
     assert metrics["costs"]["htuning"]["trainable_parameters"] < metrics["costs"]["full"]["trainable_parameters"]
+    # the run's own training memory (tensor bytes of one step, batch 8): 12.3 MiB for full, 4.0 for H-Tuning
+    step_bytes = {name: metrics["costs"][name]["training_step_bytes"] for name in ("htuning", "full", "lora")}
+    assert step_bytes["full"] > 2.5 * step_bytes["htuning"] > 0 and step_bytes["lora"] > step_bytes["htuning"]
     assert metrics["costs"]["distill"]["total_parameters"] * 19 < metrics["costs"]["full"]["total_parameters"]
     assert metrics["costs"]["distill"]["epochs"] == 3 * 2  # the student trains epochs_factor × --epochs
     for name in ("report.md", "roc_curves.png", "confusion_tables.png", "adapter.safetensors"):

@@ -130,6 +130,60 @@ def test_every_card_is_complete_and_every_plugin_card_exists():
         assert cls.card is None or cls.card in names
 
 
+def test_tensor_memory_counts_live_allocations_exactly():
+    """A (1000, 1000) float32 tensor is 4e6 bytes; views and in-place results are not new memory; freed ones leave."""
+    import torch
+
+    from workbench.memory import TensorMemory
+
+    before = torch.ones(1000)  # made before the block: never counted, even when an operator returns it
+    with TensorMemory(torch.device("cpu")) as memory:
+        x = torch.ones(1000, 1000)
+        x.add_(1).view(-1)[:10].mul_(2)
+        before.add_(1)
+        assert memory.live_bytes == memory.peak_bytes == 4_000_000
+        y = x.sum(dim=0)  # 4000 bytes more
+        assert memory.live_bytes == 4_004_000
+        del x
+        assert memory.live_bytes == 4000 and memory.peak_bytes == 4_004_000
+        memory.reset_peak()
+        with torch.inference_mode():
+            torch.zeros(500, 1000)  # 2e6 bytes, freed at once
+        assert memory.peak_bytes == 2_004_000 and memory.live_bytes == 4000
+        del y
+        assert memory.live_bytes == 0
+
+
+def test_training_step_bytes_sees_gradients_and_optimizer_state():
+    """A step of a bias-free (1000, 1000) linear layer holds its gradient; Adam's two more weight-sized tensors."""
+    import torch
+
+    from workbench.memory import training_step_bytes
+
+    weight_bytes = 4_000_000
+
+    def train(optimizer_class, steps=3):
+        model = torch.nn.Linear(1000, 1000, bias=False)
+        optimizer = optimizer_class(model.parameters(), lr=1e-3)
+        batch = torch.randn(4, 1000)
+
+        def run():
+            for _ in range(steps):
+                optimizer.zero_grad(set_to_none=True)
+                model(batch).square().mean().backward()
+                optimizer.step()
+
+        return training_step_bytes(run, torch.device("cpu"))
+
+    sgd, adam = train(torch.optim.SGD), train(torch.optim.Adam)
+    assert len(sgd) == len(adam) == 2  # 3 steps, the first a warm-up
+    assert all(weight_bytes <= b < 1.1 * weight_bytes for b in sgd), sgd  # the gradient (+ small activations)
+    # + exp_avg and exp_avg_sq, kept between steps (and the update's own temporaries at its peak)
+    assert all(a >= s + 2 * weight_bytes and a < 6 * weight_bytes for a, s in zip(adam, sgd)), (adam, sgd)
+    with pytest.raises(ValueError, match="warm-up"):
+        train(torch.optim.SGD, steps=1)
+
+
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the per-block peak needs Linux /proc")
 def test_peak_memory_is_per_block_not_the_process_high_water_mark():
     """A 64 MiB block is seen by its own measurement and not by a later, small one."""

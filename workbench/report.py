@@ -21,15 +21,25 @@ def _rows(metrics: Mapping[str, Any]) -> list[tuple[str, Mapping[str, float], Ma
     return rows
 
 
+#: What the tables' memory column counts (`workbench.memory.training_step_bytes`, metrics.json ``training_step_bytes``).
+MEMORY_NOTE = (
+    "step MiB: peak bytes of the tensors one training step allocates — activations, gradients, optimizer and "
+    "EMA state; not the model's own weights, nor on a CPU an input batch made from NumPy memory — measured over 2 "
+    "steps after a warm-up on a copy of the model (on a GPU: max_memory_allocated). metrics.json also keeps the "
+    "process's resident peak (peak_memory_bytes) and what training added to it (training_memory_bytes); on a CPU "
+    "these include what the C heap keeps cached and do not separate methods."
+)
+
+
 def _megabytes(cost: Mapping[str, Any]) -> str:
-    """Training memory of one method [MiB] (what its training added to the process or GPU at the peak)."""
-    added = cost.get("training_memory_bytes")
-    return "-" if added is None else f"{added / 2**20:.1f}"
+    """Peak tensor memory of one training step of a method [MiB] ("-" when it takes no step)."""
+    step = cost.get("training_step_bytes")
+    return "-" if step is None else f"{step / 2**20:.1f}"
 
 
 def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
     """A fixed-width before/after table for the terminal."""
-    header = ["model", *metric_names, "trainable", "s/epoch", "train MiB", "epochs"]
+    header = ["model", *metric_names, "trainable", "s/epoch", "step MiB", "epochs"]
     lines = []
     for label, values, cost in _rows(metrics):
         lines.append(
@@ -88,7 +98,7 @@ def markdown(
     metrics_note: str = "Errors are on the test split; lower is better.",
 ) -> str:
     """The run's ``report.md``: what was run, the table, the plots, the configuration."""
-    header = "| model | " + " | ".join(metric_names) + " | trainable params | s/epoch | training MiB | epochs (best) |"
+    header = "| model | " + " | ".join(metric_names) + " | trainable params | s/epoch | step MiB | epochs (best) |"
     lines = [
         f"# {config.task}: {config.method} vs {', '.join(config.baselines) or 'no baselines'}",
         "",
@@ -106,7 +116,7 @@ def markdown(
                 f"{cost['epochs']} ({cost['best_epoch'] + 1})"
             )
         lines.append(f"| {label} | " + " | ".join(f"{values[m]:.3f}" for m in metric_names) + f" | {extra} |")
-    lines += ["", metrics_note]
+    lines += ["", metrics_note, "", MEMORY_NOTE]
     for caption, file_name in figures:
         lines += ["", f"## {caption}", "", f"![{caption}]({file_name})"]
     lines += [

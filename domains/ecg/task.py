@@ -58,7 +58,7 @@ from workbench.errors import UserError
 from workbench.metrics import choose_thresholds, multilabel_scores
 from workbench.options import Option
 from workbench.registry import tasks
-from workbench.task import Evaluation, Predictions, Task, TaskData
+from workbench.task import Evaluation, Predictions, Task, TaskData, to_device
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,7 @@ class PtbXl(Task):
     """Adapt a 12-lead ECG classifier to a target site (embedded) or to PTB-XL (``--data``)."""
 
     name = "ptbxl"
+    precisions = ("float32", "bf16", "fp16")  # bf16 / fp16: mixed-precision training steps
     description = "Adapt a pretrained 12-lead ECG classifier (NORM/MI/STTC/CD/HYP) to a new site; PTB-XL layout"
     card = "ptbxl-synthetic"
     reads = ("ptbxl",)
@@ -116,10 +117,9 @@ class PtbXl(Task):
     metrics_note = (
         "Scores on the target's test split, higher is better: macro AUROC and macro average precision over the "
         "classes with positive and negative test records, macro F1 at per-class thresholds chosen on validation. "
-        "In metrics.json `costs` gives each method's trainable parameters, train_seconds, peak_memory_bytes and "
-        "training_memory_bytes (the table's 'train MiB': what the method's set-up and training added to the process "
-        "at its peak, measured per method; on a GPU, allocated memory). benchmarks/ecg_htuning.py measures one "
-        "training step of each method in a fresh process, at larger batches."
+        "In metrics.json `costs` gives each method's trainable parameters, train_seconds and training_step_bytes "
+        "(the table's 'step MiB'). benchmarks/ecg_htuning.py also measures one training step of each method in a "
+        "fresh process (its resident set), at larger batches."
     )
     #: train/val sizes: at most this many records of the split (all of them, for any real data set); one learning
     #: rate for every method (full fine-tuning's own 5e-3, chosen for MACE, diverges on this transformer).
@@ -230,8 +230,8 @@ class PtbXl(Task):
 
     # -- training and scoring --------------------------------------------------------------------
     def collate(self, samples: Sequence[EcgSample], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        ecg = torch.as_tensor(np.stack([s.ecg for s in samples]), device=device)
-        labels = torch.as_tensor(np.stack([s.labels for s in samples]), device=device)
+        ecg = to_device(np.stack([s.ecg for s in samples]), device)
+        labels = to_device(np.stack([s.labels for s in samples]), device)
         return ecg, labels
 
     @staticmethod
