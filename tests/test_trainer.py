@@ -54,6 +54,30 @@ def test_early_stopping():
     assert len(trainer.fit()) == 4 and trainer.stopped  # epoch 0 is best; 3 more without improvement
 
 
+def test_epochs_before_select_from_are_neither_chosen_nor_counted():
+    calls = {"validation": 0}
+
+    def worse_every_epoch(model, batch, training):  # the validation loss grows every epoch: epoch 0 would win
+        calls["validation"] += not training
+        return mse(model, batch, training) + (0.0 if training else 10.0 * calls["validation"])
+
+    settings = TrainSettings(
+        epochs=20, batch_size=4, learning_rate=0.01, ema_decay=None, patience=3, lr_patience=1, select_from=5
+    )
+    train, val = regression(16, 1), regression(8, 2)
+    trainer = Trainer(fresh_model(), worse_every_epoch, collate, train, val, settings, progress=False)
+    history = trainer.fit()
+    assert trainer.best["epoch"] == 5 and len(history) == 9  # 5 warm-up epochs, the first selectable, 3 worse
+    assert [h["selectable"] for h in history] == [False] * 5 + [True] * 4
+    assert [h["lr"] for h in history] == [0.01] * 7 + [0.005] * 2  # the plateau schedule starts at epoch 5 too
+    assert _best_epoch([dict(h, stage="train") for h in history]) == 5
+    never = Trainer(
+        fresh_model(), mse, collate, train, val, replace(settings, epochs=3, select_from=50), progress=False
+    )
+    history = never.fit()
+    assert never.best["epoch"] == -1 and _best_epoch([dict(h, stage="train") for h in history]) == 2
+
+
 class Interrupt(Exception):
     pass
 

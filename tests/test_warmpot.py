@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import json
 
 import numpy as np
 import ot
@@ -12,6 +13,9 @@ from workbench.adaptation import warmpot
 from workbench.adaptation.warmpot import partial_plan, source_weights
 from workbench.domains.features import partial_da
 from workbench.domains.features.partial_da import make_partial_da
+
+import workbench as wb
+from workbench.trainer import TrainSettings
 
 
 def random_problem(seed: int, n: int = 30, m: int = 25, dim: int = 3):
@@ -249,3 +253,38 @@ def test_source_weights_label_term_and_validation():
 @pytest.mark.parametrize("module", [warmpot, partial_da])
 def test_docstring_examples(module):
     assert doctest.testmod(module).failed == 0
+
+
+def test_only_epochs_at_the_full_mass_can_be_chosen(tmp_path):
+    method = warmpot.Warmpot()
+    first = method.train_settings(TrainSettings(epochs=60)).select_from
+    assert first == warmpot.full_mass_epoch(0.5, 60) == 30
+    method.start_epoch(first - 1, 60)
+    assert method.mass < method.config["mass"]
+    method.start_epoch(first, 60)
+    assert method.mass == method.config["mass"]
+    assert warmpot.full_mass_epoch(0.0, 60) == 0 and warmpot.full_mass_epoch(1.0, 60) == 59  # at most the last
+    with pytest.raises(ValueError, match="need anneal in"):
+        warmpot.full_mass_epoch(0.5, 0)
+    run = wb.adapt(domain="features", baselines=[], out=str(tmp_path / "run"), epochs=4, quiet=True, train_size=200)
+    history = json.loads((tmp_path / "run" / "results" / "warmpot.json").read_text())["history"]
+    assert [h["selectable"] for h in history] == [False, False, True, True]
+    best = min(history[2:], key=lambda h: h["val_loss"])["epoch"]
+    assert run.metrics["costs"]["warmpot"]["best_epoch"] == best
+
+
+@pytest.mark.parametrize("label_gradient", [False, True])
+def test_label_term_chooses_the_pairs_and_trains_the_target_predictions_only_when_asked(label_gradient):
+    generator = torch.Generator().manual_seed(0)
+    source, target = torch.randn(6, 3, generator=generator), torch.randn(5, 3, generator=generator)
+    logits = torch.randn(5, 4, generator=generator).requires_grad_(True)
+    labels = torch.tensor([0, 1, 2, 3, 0, 1])
+    method = warmpot.Warmpot(label_gradient=label_gradient)
+    features = target.clone().requires_grad_(True)
+    cost = method.joint_cost(source, features, labels, logits)
+    distance = torch.cdist(source, target) ** 2
+    plain = distance / distance.mean() - torch.log_softmax(logits, dim=-1)[:, labels].T
+    assert torch.allclose(cost, plain)  # the same value, so the same plan
+    cost.sum().backward()
+    assert (logits.grad is not None and bool(logits.grad.abs().sum() > 0)) == label_gradient
+    assert features.grad.abs().sum() > 0  # the feature term always aligns
