@@ -195,7 +195,7 @@ class ULSIFWeighting(ImportanceWeighting):
     name = "dre-ulsif"
     description = "Importance weights from uLSIF density ratios (densratio)"
 
-    def make_estimator(self, seed: int) -> ULSIF:
+    def make_estimator(self, seed: int, device: torch.device) -> ULSIF:  # numpy: the CPU
         return ULSIF(random_state=seed)
 
 
@@ -204,7 +204,7 @@ class KLIEPWeighting(ImportanceWeighting):
     name = "dre-kliep"
     description = "Importance weights from KLIEP density ratios (densratio)"
 
-    def make_estimator(self, seed: int) -> KLIEP:
+    def make_estimator(self, seed: int, device: torch.device) -> KLIEP:  # numpy: the CPU
         return KLIEP(random_state=seed)
 
 
@@ -213,5 +213,5 @@ class LogisticWeighting(ImportanceWeighting):
     name = "dre-logistic"
     description = "Importance weights from a logistic source-vs-target classifier (scikit-learn)"
 
-    def make_estimator(self, seed: int) -> LogisticDRE:
+    def make_estimator(self, seed: int, device: torch.device) -> LogisticDRE:  # numpy: the CPU
         return LogisticDRE(random_state=seed)

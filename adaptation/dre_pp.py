@@ -424,5 +424,5 @@ class PPDREWeighting(ImportanceWeighting):
     name = "dre-pp"
     description = "Importance weights p_target(x)/p_source(x) estimated by projection pursuit (ppDRE)"
 
-    def make_estimator(self, seed: int) -> PPDRE:
-        return PPDRE(random_state=seed)
+    def make_estimator(self, seed: int, device: torch.device) -> PPDRE:
+        return PPDRE(random_state=seed, device=device)

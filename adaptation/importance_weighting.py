@@ -42,8 +42,9 @@ class ImportanceWeighting(WeightedSourceLoss):
     options = (Option("clip", float, 10.0, "largest weight, in units of the mean weight"),)
     needs_task = ("target_pool", "sample_inputs", "sample_losses", "sample_ids")
 
-    def make_estimator(self, seed: int) -> Any:
-        """A density-ratio estimator with ``fit(x_numerator, x_denominator)`` and ``ratio(x)``."""
+    def make_estimator(self, seed: int, device: torch.device) -> Any:
+        """A density-ratio estimator with ``fit(x_numerator, x_denominator)`` and ``ratio(x)``; one written in
+        torch fits on ``device`` (the model's)."""
         raise NotImplementedError
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
@@ -51,7 +52,8 @@ class ImportanceWeighting(WeightedSourceLoss):
             raise UserError(f"--clip must be above 1 (the mean weight), got {self.config['clip']}")
         super().setup(task, model, data, seed)
         x_train, x_val = task.sample_inputs(data.train), task.sample_inputs(data.val)
-        estimator = self.make_estimator(seed).fit(task.sample_inputs(data.target), x_train)
+        estimator = self.make_estimator(seed, next(model.parameters()).device)
+        estimator.fit(task.sample_inputs(data.target), x_train)
         train_ratio, val_ratio = estimator.ratio(x_train), estimator.ratio(x_val)
         clip = self.config["clip"]
         train = clipped_weights(train_ratio, train_ratio, clip)

@@ -155,3 +155,29 @@ def test_shipped_checkpoint_loads_the_same_with_and_without_cuequivariance():
     stored = json.loads((ROOT / "models" / "checkpoints" / "mace_xtb_small.json").read_text())["hparams"]
     assert stored["use_reduced_cg"] is False
     assert load_mace().use_reduced_cg is False
+
+
+def test_mace_lora_refuses_the_converted_model(pair):
+    from workbench.adaptation.mace_lora import MaceLoRA
+    from workbench.domains.atomistic.task import Rmd17
+
+    with pytest.raises(UserError, match="--backend e3nn"):
+        MaceLoRA().check(Rmd17(), None, pair[1])
+
+
+@pytest.mark.slow
+def test_adapt_on_the_cueq_backend_reloads_to_its_numbers(tiny_rmd17, tmp_path):
+    from workbench.domains.atomistic.task import Rmd17
+
+    import workbench
+
+    run = workbench.adapt(
+        domain="rmd17", method="elora", baselines=["readout"], data=str(tiny_rmd17), epochs=1, train_size=10,
+        val_size=5, out=str(tmp_path / "run"), quiet=True, task_options={"backend": "cueq"},
+        method_options={"rank": 4},
+    )  # fmt: skip
+    assert any(isinstance(m, cuet.SymmetricContraction) for m in run.model.modules())
+    task = Rmd17(backend="cueq")
+    raw = task.read(str(tiny_rmd17))
+    rescored = task.evaluate(run.model, task.test_samples(run.model, raw), "cpu").metrics
+    assert rescored == pytest.approx(run.metrics["after"], rel=1e-9)

@@ -178,7 +178,8 @@ def _list() -> str:
         reads = "".join(card_line(card, "also reads") for card in cls.reads)
         missing = [package for package in cls.requires if importlib.util.find_spec(package) is None]
         needs = f' [not installed: pip install -e ".[{cls.extra}]"]' if missing else ""
-        lines.append(f"  {name:12}{cls.description}{needs}{card_line(cls.card)}{reads}")
+        precisions = f"\n{'':14}--precision: {' '.join(cls.precisions)}"
+        lines.append(f"  {name:12}{cls.description}{needs}{card_line(cls.card)}{reads}{precisions}")
     lines += ["models:"]
     lines += [f"  {name:12}{cls.description}{card_line(cls.card)}" for name, cls in models.items()]
     lines += ["methods:"]

@@ -23,6 +23,9 @@ from workbench.errors import UserError
 from workbench.options import resolve_options
 from workbench.registry import methods, models, tasks
 
+#: ``--precision`` values: "auto" is the task's first (`workbench.task.Task.precisions`).
+PRECISIONS = ("auto", "float64", "float32", "bf16", "fp16")
+
 
 def _parameter(help: str, flag: str | None = None, **argparse: Any) -> dict[str, Any]:
     return {"help": help, "flag": flag, "argparse": argparse}
@@ -77,6 +80,14 @@ class RunRequest:
     )
     seed: int = field(default=0, metadata=_parameter("seeds data selection, initialisation and shuffling", type=int))
     device: str = field(default="auto", metadata=_parameter("where to train", choices=["auto", "cpu", "cuda"]))
+    precision: str = field(
+        default="auto",
+        metadata=_parameter(
+            "float64 / float32: weights and samples in that type; bf16 / fp16: float32 weights, mixed-precision "
+            "(autocast) training steps (default: the task's first; `workbench list` shows each task's)",
+            choices=list(PRECISIONS),
+        ),
+    )
     task_options: Mapping[str, Any] = field(default_factory=dict, metadata={"cli": False})
     method_options: Mapping[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
@@ -111,6 +122,8 @@ class RunConfig:
     device: str
     task_options: dict[str, Any] = field(default_factory=dict)
     method_options: dict[str, Any] = field(default_factory=dict)
+    #: One of `PRECISIONS` less "auto" (runs written before it existed: "auto", the task's first).
+    precision: str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
         content = dataclasses.asdict(self)
@@ -178,6 +191,12 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
         raise UserError("--device cuda: no CUDA device is visible to torch (use --device cpu or auto)")
     elif device not in ("cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
+    precision = task_cls.precisions[0] if request.precision == "auto" else request.precision
+    if precision not in task_cls.precisions:
+        raise UserError(
+            f"--precision {precision}: task '{domain}' trains in {', '.join(task_cls.precisions)} "
+            f"(bad value or not offered by this task's models)"
+        )
     task_options = {**profile.get("options", {}), **dict(request.task_options)}
     task_options = resolve_options(f"task '{domain}'", task_cls.options, task_options)
     method_options = {**profile.get("method_options", {}), **dict(request.method_options)}
@@ -205,5 +224,6 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
         device=device,
         task_options=task_options,
         method_options=method_options,
+        precision=precision,
     )
     return config, warnings

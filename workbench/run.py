@@ -35,7 +35,7 @@ from workbench import report
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
 from workbench.config import RunConfig, RunRequest, resolve_config, split_entry
 from workbench.errors import UserError
-from workbench.memory import PeakMemory
+from workbench.memory import PeakMemory, training_step_bytes
 from workbench.method import Method, count_parameters
 from workbench.registry import methods, tasks
 from workbench.task import Evaluation, Task, TaskData
@@ -79,7 +79,7 @@ def _adapted_model(path: Path, config: RunConfig) -> nn.Module:
     """The chosen method's model from a run directory's adapter files: base + task state + adapter, merged."""
     adapter = json.loads((path / "adapter.json").read_text())
     task = tasks.get(config.task)(**config.task_options)
-    model = task.rebuild(config.model, config.trust_checkpoint, adapter["task_state"])
+    model = cast(task.rebuild(config.model, config.trust_checkpoint, adapter["task_state"]), task, config.precision)
     method = methods.get(adapter["method"])(**adapter["options"])
     torch.manual_seed(config.seed)
     model = method.prepare(model)
@@ -87,6 +87,18 @@ def _adapted_model(path: Path, config: RunConfig) -> nn.Module:
     model = method.merge(model).eval()
     task.restore(model, adapter["task_state"])  # the merged model may be a new one (a distilled student)
     return model
+
+
+def _precision(task: Task, precision: str) -> str:
+    """A run's ``--precision`` ("auto" in runs written before it existed: the task's first)."""
+    return task.precisions[0] if precision == "auto" else precision
+
+
+def cast(model: nn.Module, task: Task, precision: str) -> nn.Module:
+    """``model`` in the dtype of ``--precision`` float64 / float32 (mixed precisions keep float32 weights)."""
+    dtype = {"float64": torch.float64, "float32": torch.float32}.get(_precision(task, precision), torch.float32)
+    parameter = next(model.parameters(), None)
+    return model if parameter is None or parameter.dtype == dtype else model.to(dtype)
 
 
 def adapt(domain: str, method: str | None = None, *, resume: bool = False, quiet: bool = False, **settings: Any) -> Run:
@@ -133,13 +145,13 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
     device = torch.device(config.device)
     torch.manual_seed(config.seed)
     raw = task.read(config.data, config.seed)
-    base = task.load_model(config.model, config.trust_checkpoint)
+    base = cast(task.load_model(config.model, config.trust_checkpoint), task, config.precision)
     data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
     bases = {None: (base, task_state)}  # the run's model, then every other model a baseline names (METHOD@MODEL)
     for entry in config.baselines:
         model_name = split_entry(entry)[1]
         if model_name is not None and model_name not in bases:
-            other = task.load_model(model_name, config.trust_checkpoint)
+            other = cast(task.load_model(model_name, config.trust_checkpoint), task, config.precision)
             bases[model_name] = (other, task.prepare(other, raw, config.train_size, config.val_size, config.seed)[1])
     for entry in (config.method, *config.baselines):
         name, model_name = split_entry(entry)
@@ -407,6 +419,7 @@ def _run_method(
             seed=config.seed,
             patience=config.patience,
             ema_decay=config.ema_decay or None,
+            precision=_precision(task, config.precision),
         )
     )
     method.progress = progress
@@ -414,6 +427,7 @@ def _run_method(
         method.setup(task, model, data, config.seed)
         history = _train(method, task, model, data, settings, out_dir / "checkpoints" / f"{entry}.pt", device,
                          progress, entry, resume)  # fmt: skip
+    step_bytes = _training_step_bytes(method, task, model, data, settings, device) if method.trains else None
     task_state = task.refit(model, data) or task_state
     evaluation = task.evaluate(model, data.test, device)
     evaluation.metrics.update(method.diagnostics(task, model, data))
@@ -428,6 +442,7 @@ def _run_method(
         "best_epoch": _best_epoch(history),
         "peak_memory_bytes": memory.peak_bytes,
         "training_memory_bytes": memory.added_bytes,
+        "training_step_bytes": step_bytes,
         "task_state": task_state,
         "history": history,
     }
@@ -437,6 +452,22 @@ def _run_method(
             method.save_outputs(out_dir / method.name)
         _save_result(out_dir, entry, result, evaluation)
     return result, evaluation
+
+
+def _training_step_bytes(
+    method: Method, task: Task, model: nn.Module, data: TaskData, settings: TrainSettings, device: torch.device
+) -> int:
+    """Peak tensor bytes of one training step of ``method`` [bytes]: the larger of 2 trainer steps after a warm-up
+    step (`workbench.memory.training_step_bytes`), on a copy of ``model``, with full batches of
+    ``settings.batch_size`` training samples (cycled when there are fewer)."""
+    steps, probe = 2, copy.deepcopy(model)
+    samples = [data.train[i % len(data.train)] for i in range(settings.batch_size * distributed()[1] * (steps + 1))]
+    trainer = functools.partial(
+        Trainer, probe, functools.partial(method.loss, task), task.collate, samples, samples[:1],
+        dataclasses.replace(settings, epochs=1), device=device, progress=False, label=f"{method.name} memory",
+        epoch_start=method.start_epoch, gradients=functools.partial(method.gradients, task),
+    )  # fmt: skip
+    return max(training_step_bytes(lambda: trainer().fit(), device))
 
 
 def _train(
@@ -479,10 +510,12 @@ def _train(
 
 
 def _best_epoch(history: list[dict[str, Any]]) -> int:
-    """The epoch (over all stages) of the lowest validation loss in the last stage (-1 without training):
-    different stages' losses are not comparable."""
+    """The epoch (over all stages) of the lowest validation loss among the selectable epochs of the last stage
+    (`TrainSettings.select_from`; the stage's last epoch when none is), -1 without training: different stages'
+    losses are not comparable."""
     last = [h for h in history if h["stage"] == history[-1]["stage"]] if history else []
-    return min(last, key=lambda h: h["val_loss"])["epoch"] if last else -1
+    selectable = [h for h in last if h["selectable"]]
+    return min(selectable, key=lambda h: h["val_loss"])["epoch"] if selectable else last[-1]["epoch"] if last else -1
 
 
 def _teacher(out_dir: Path, config: RunConfig) -> nn.Module:
@@ -540,6 +573,7 @@ def _metrics(
         "train_seconds": chosen["train_seconds"],
         "peak_memory_bytes": chosen["peak_memory_bytes"],
         "training_memory_bytes": chosen["training_memory_bytes"],
+        "training_step_bytes": chosen.get("training_step_bytes"),  # absent from results of older versions
         "costs": costs,
     }
 

@@ -71,6 +71,15 @@ class Evaluation:
     predictions: dict[str, np.ndarray]
 
 
+def to_device(array: Any, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``array`` (numpy or tensor) as a tensor on ``device``: on a GPU through pinned (page-locked) memory and a
+    non-blocking copy, which overlaps the work already queued; elsewhere a plain conversion."""
+    tensor = torch.as_tensor(array, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 class Task:
     """Base class of tasks; subclasses set the class attributes and implement the hooks."""
 
@@ -94,6 +103,10 @@ class Task:
     #: Training defaults of this task (`workbench.trainer.TrainSettings` fields and ``train_size``).
     defaults: ClassVar[Mapping[str, Any]] = {}
     options: ClassVar[tuple[Option, ...]] = ()
+    #: ``--precision`` values the task's models train in; the first is the default. "float64" / "float32": the
+    #: model and its samples in that dtype (`prepare` makes samples in the model's dtype); "bf16" / "fp16": float32
+    #: weights, training steps under ``torch.autocast`` (fp16 with loss scaling).
+    precisions: ClassVar[tuple[str, ...]] = ("float32",)
     #: Import names of the packages the task needs at run time, and the extra that installs them.
     requires: ClassVar[tuple[str, ...]] = ()
     extra: ClassVar[str | None] = None

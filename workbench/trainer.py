@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -49,6 +49,18 @@ class TrainSettings:
     lr_factor: float = 0.5
     lr_patience: int = 5
     seed: int = 0
+    #: "float32" / "float64": steps in the model's own dtype; "bf16" / "fp16": the loss (and a method's own
+    #: gradient passes) under ``torch.autocast`` in that type, backward outside it; fp16 adds loss scaling
+    #: (``torch.amp.GradScaler``) so that small gradients do not underflow.
+    precision: str = "float32"
+    #: First epoch (0-based) whose validation loss can be chosen as the best: earlier ones train and are validated
+    #: but neither chosen, nor counted by early stopping or the plateau schedule (a method's warm-up, whose losses
+    #: are not comparable with later ones). With no such epoch the weights of the last step stay.
+    select_from: int = 0
+
+
+#: The ``TrainSettings.precision`` values trained under autocast, and their dtype.
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def distributed() -> tuple[int, int]:
@@ -115,13 +127,22 @@ class Trainer:
                 f"{label}: {len(train_samples)} training samples cannot fill one batch of "
                 f"{settings.batch_size} on each of {self.world_size} processes"
             )
+        # fused: one kernel per step for all parameters; on CPU torch's default is a Python loop over them
+        # (about ten small operations per tensor), which costs a small model as much as its gradient clipping,
+        # EMA and collation together.
         self.optimizer = torch.optim.Adam(
-            self.params, lr=settings.learning_rate, amsgrad=settings.amsgrad, weight_decay=settings.weight_decay
+            self.params,
+            lr=settings.learning_rate,
+            amsgrad=settings.amsgrad,
+            weight_decay=settings.weight_decay,
+            fused=all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in self.params) or None,
         )
         self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             self.optimizer, factor=settings.lr_factor, patience=settings.lr_patience
         )
         self.ema = ExponentialMovingAverage(self.params, decay=settings.ema_decay) if settings.ema_decay else None
+        self.autocast_dtype = AUTOCAST.get(settings.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if settings.precision == "fp16" else None
         self.history: list[dict[str, float]] = []
         self.best: dict[str, Any] = {"val_loss": float("inf"), "epoch": -1, "state": None}
         self.stopped = False
@@ -150,21 +171,31 @@ class Trainer:
             batch = self.collate(samples, self.device)
             self.optimizer.zero_grad(set_to_none=True)
             step = epoch * len(batches) + index  # every epoch has the same number of batches
-            loss = None if self.gradients is None else self.gradients(self.model, batch, step)
-            if loss is None:
-                loss = self.loss_fn(self.train_model, batch, True)
-                loss.backward()
+            with self.autocast():
+                loss = None if self.gradients is None else self.gradients(self.model, batch, step)
+                own = loss is None
+                if own:
+                    loss = self.loss_fn(self.train_model, batch, True)
+            scaled = own and self.scaler is not None
+            if own:
+                (self.scaler.scale(loss) if scaled else loss).backward()
             elif self.world_size > 1:  # the method wrote .grad itself: average it as DDP would
                 for p in self.params:
                     if p.grad is not None:
                         dist.all_reduce(p.grad)
                         p.grad /= self.world_size
+            if scaled:
+                self.scaler.unscale_(self.optimizer)  # clip the true gradient
             if self.settings.clip_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(self.params, self.settings.clip_grad_norm)
-            self.optimizer.step()
+            if scaled:
+                self.scaler.step(self.optimizer)  # skipped when the scaled gradient overflowed
+                self.scaler.update()
+            else:
+                self.optimizer.step()
             if self.ema is not None:
                 self.ema.update()
-            total += loss.item() * len(samples)
+            total += loss.float().item() * len(samples)
             count += len(samples)
         return total / count
 
@@ -175,8 +206,22 @@ class Trainer:
             size = self.settings.batch_size
             chunks = [self.val_samples[start : start + size] for start in range(0, len(self.val_samples), size)]
             self._val_batches = [(self.collate(chunk, self.device), len(chunk)) for chunk in chunks]
-        total = sum(self.loss_fn(self.model, batch, False).item() * n for batch, n in self._val_batches)
+        frozen = [p for p in self.params if p.requires_grad]
+        try:  # no autograd record of the parameters (a loss may still differentiate its inputs, e.g. forces)
+            for p in frozen:
+                p.requires_grad_(False)
+            with self.autocast():
+                total = sum(self.loss_fn(self.model, b, False).float().item() * n for b, n in self._val_batches)
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
         return total / len(self.val_samples)
+
+    def autocast(self) -> AbstractContextManager:
+        """``torch.autocast`` in the settings' mixed precision, or nothing for float32 / float64."""
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def _trainable_values(self) -> dict[str, torch.Tensor]:
@@ -192,6 +237,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "best": self.best,
             "history": self.history,
         }
@@ -209,6 +255,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
         self.best, self.history, self.stopped = state["best"], state["history"], state["stopped"]
 
     # -- the loop --------------------------------------------------------------------------------
@@ -237,9 +285,11 @@ class Trainer:
             seconds = time.perf_counter() - start
             with self._averaged():
                 val_loss = self.validation_loss()
-                if val_loss < self.best["val_loss"]:
+                selectable = epoch >= self.settings.select_from
+                if selectable and val_loss < self.best["val_loss"]:
                     self.best = {"val_loss": val_loss, "epoch": epoch, "state": self._trainable_values()}
-            self.scheduler.step(val_loss)
+            if selectable:
+                self.scheduler.step(val_loss)
             self.history.append(
                 {
                     "epoch": epoch,
@@ -247,9 +297,10 @@ class Trainer:
                     "val_loss": val_loss,
                     "lr": self.optimizer.param_groups[0]["lr"],
                     "seconds": seconds,
+                    "selectable": selectable,
                 }
             )
-            self.stopped = epoch - self.best["epoch"] >= self.settings.patience
+            self.stopped = epoch - max(self.best["epoch"], self.settings.select_from - 1) >= self.settings.patience
             if self.rank == 0 and self.checkpoint_path is not None:
                 save_checkpoint(self.checkpoint_path, self._state())
             bar.update(1)

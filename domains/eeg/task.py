@@ -90,7 +90,7 @@ from workbench.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1
 from workbench.model import spec_of
 from workbench.options import Option
 from workbench.registry import models, tasks
-from workbench.task import Evaluation, Predictions, Task, TaskData
+from workbench.task import Evaluation, Predictions, Task, TaskData, to_device
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,7 @@ class EegTask(Task):
     default_model = "labram"
     default_method = "lora"
     capabilities = frozenset({"sample_losses", "class_labels", "predict"})
+    precisions = ("float32", "bf16", "fp16")  # bf16 / fp16: mixed-precision training steps
     #: The shipped LaBraM backbone adapted when no --model is given (`workbench.domains.eeg.pretrain` makes it).
     pretrained: ClassVar[Path | None] = None
     #: Full fine-tuning, head only, and the classic nets trained from scratch.
@@ -421,8 +422,8 @@ class EegTask(Task):
 
     # -- training and scoring --------------------------------------------------------------------
     def collate(self, samples: Sequence[EegSample], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        signals = torch.as_tensor(np.stack([s.signal for s in samples]), device=device)
-        labels = torch.as_tensor([s.label for s in samples], dtype=torch.int64, device=device)
+        signals = to_device(np.stack([s.signal for s in samples]), device)
+        labels = to_device([s.label for s in samples], device, torch.int64)
         return signals, labels
 
     def _cross_entropy(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str) -> torch.Tensor:

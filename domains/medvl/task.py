@@ -53,7 +53,7 @@ from workbench.errors import UserError
 from workbench.model import spec_of
 from workbench.options import Option
 from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData
+from workbench.task import Evaluation, Task, TaskData, to_device
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ def kind_of(task: str) -> str:
 @tasks.register
 class MedVLTask(Task):
     name = "medvl"
+    precisions = ("float32", "bf16", "fp16")  # bf16 / fp16: mixed-precision training steps
     description = "Medical VQA, reports and image generation with one VLM (synthetic CT/MR or LLaVA/VQA-RAD/SLAKE)"
     card = "medvl-synthetic"
     reads = ("llava-conversations", "vqa-rad", "slake", "pathvqa")
@@ -237,7 +238,7 @@ class MedVLTask(Task):
             chosen = [item for item in samples if item.kind == kind]
             if not chosen:
                 continue
-            images = torch.stack([item.image for item in chosen]).to(device)
+            images = to_device(torch.stack([item.image for item in chosen]), device)
             questions = [item.question for item in chosen]
             if kind == "comprehension":
                 answers: Any = [item.answer for item in chosen]

@@ -69,7 +69,7 @@ from workbench.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1
 from workbench.model import spec_of
 from workbench.options import Option
 from workbench.registry import tasks
-from workbench.task import Evaluation, Predictions, Task, TaskData
+from workbench.task import Evaluation, Predictions, Task, TaskData, to_device
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ class Physio(Task):
     """Heartbeat classes (AAMI N, S, V, F) at a new site from a few labelled patients (PhysioPFM's problem)."""
 
     name = "physio"
+    precisions = ("float32", "bf16", "fp16")  # bf16 / fp16: mixed-precision training steps
     description = "Heartbeat classes N/S/V/F at a new site (synthetic multi-site ECG or MIT-BIH); PhysioPFM's problem"
     card = "physio-synthetic"
     reads = ("mitbih",)
@@ -290,8 +291,8 @@ class Physio(Task):
         return np.stack([s.beat for s in samples])
 
     def collate(self, samples: Sequence[BeatSample], device: torch.device):
-        beats = torch.as_tensor(np.stack([s.beat for s in samples]), device=device)
-        return beats, torch.as_tensor([s.label for s in samples], dtype=torch.int64, device=device)
+        beats = to_device(np.stack([s.beat for s in samples]), device)
+        return beats, to_device([s.label for s in samples], device, torch.int64)
 
     def _cross_entropy(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str) -> torch.Tensor:
         weights = getattr(self, "_class_weights", None)
