@@ -55,7 +55,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq
 
 _MAX_SCALE = math.sqrt(2.0)
 
@@ -277,6 +276,8 @@ def make_full_rank_shift(
     spread = rng.permutation((-1.0) ** steps * steps / dim)
     target_mean = np.zeros(dim)
     target_mean[0] = mean_shift
+
+    from scipy.optimize import brentq  # here, not at the top: the task must load (and say what is missing) without it
 
     def excess(tau: float) -> float:
         return _log_second_moment(target_mean, np.exp(tau * spread)) - target_log
