@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED_RMD17 = ROOT / "domains" / "atomistic" / "embedded" / "rmd17"
 
 
-def small_mace(seed: int = 0, channels: int = 16):
-    """A random MACE of the foundation's architecture with fewer channels (fast tests)."""
+def small_mace(seed: int = 0, channels: int = 16, **replace):
+    """A random MACE of the foundation's architecture with fewer channels (fast tests); ``replace`` swaps
+    hyper-parameters (``use_reduced_cg=True``)."""
     torch.manual_seed(seed)
     hparams = dict(
         FOUNDATION_ARCHITECTURE,
@@ -25,6 +26,7 @@ def small_mace(seed: int = 0, channels: int = 16):
         avg_num_neighbors=8.0,
         atomic_inter_scale=1.0,
         atomic_inter_shift=0.0,
+        **replace,
     )
     return build_mace(hparams)
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import EMBEDDED_RMD17, ROOT, energy_forces, outputs_on, randomize_trainable, small_mace
 from workbench.adaptation import elora
-from workbench.models.mace import FOUNDATION_ARCHITECTURE, build_mace, load_mace
+from workbench.models.mace import load_mace
 
 from workbench.errors import UserError
 from workbench.testing import assert_merge_equivalent, assert_rotation_equivariant
@@ -39,20 +39,7 @@ def ethanol_frames():
 )
 def pair(request):
     """(e3nn MACE, the same converted to cuEquivariance), for both Clebsch-Gordan bases."""
-    if request.param:
-        torch.manual_seed(0)
-        hparams = dict(
-            FOUNDATION_ARCHITECTURE,
-            hidden_irreps="8x0e + 8x1o",
-            atomic_energies=[-13.6, -1029.0, -1485.0, -2042.0],
-            avg_num_neighbors=8.0,
-            atomic_inter_scale=1.0,
-            atomic_inter_shift=0.0,
-            use_reduced_cg=True,
-        )
-        model = build_mace(hparams)
-    else:
-        model = small_mace(channels=8)
+    model = small_mace(channels=8, use_reduced_cg=request.param)
     return model, to_cueq(model)
 
 
