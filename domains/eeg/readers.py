@@ -24,8 +24,10 @@ Shapes:
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
@@ -35,7 +37,7 @@ from typing import Any
 
 import numpy as np
 from workbench.domains.eeg.channels import ChannelSelection, interpolation_sources, match_channels, select_channels
-from workbench.domains.records import BadRecordError, SkipReport
+from workbench.records import BadRecordError, SkipReport
 
 from workbench.datacard import load_card
 from workbench.errors import UserError
@@ -129,6 +131,130 @@ class EegWindows:
         return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------- EDF header
+#: Formats whose fixed-width ASCII header is read directly (`read_edf_header`): EDF/EDF+ (2-byte samples), BDF (3).
+_EDF_SUFFIXES = (".edf", ".bdf")
+_START = re.compile(r"^(\d\d)\D(\d\d)\D(\d\d)(\d\d)\D(\d\d)\D(\d\d)$")
+
+
+@dataclass(frozen=True)
+class EdfHeader:
+    """The fields of an EDF/EDF+/BDF header that say how large the file must be, and when it starts.
+
+    The header is fixed-width ASCII: 256 bytes, then 256 per signal (Kemp et al. 1992, EDF+ 2003); read here
+    directly because MNE only warns (and the readers silence MNE) when the file and its header disagree.
+
+    Attributes:
+        start: recording start from bytes 168-183 (``dd.mm.yyhh.mm.ss``; yy 85-99 -> 19yy, 00-84 -> 20yy), or
+            None when the field is not a date and time.
+        header_bytes: bytes 184-191, 256 x (1 + number of signals).
+        n_records: bytes 236-243, the number of data records (-1: unknown, allowed only while recording).
+        record_s: bytes 244-251, the duration of a data record [s].
+        samples_per_record: per signal, its number of samples in each data record.
+        bytes_per_sample: 2 (EDF) or 3 (BDF).
+    """
+
+    start: datetime.datetime | None
+    header_bytes: int
+    n_records: int
+    record_s: float
+    samples_per_record: tuple[int, ...]
+    bytes_per_sample: int
+
+    @property
+    def record_bytes(self) -> int:
+        """Bytes of one data record (every signal's samples)."""
+        return self.bytes_per_sample * sum(self.samples_per_record)
+
+
+def read_edf_header(path: str | Path) -> EdfHeader:
+    """The header of an EDF/EDF+/BDF file, read directly; a `BadRecordError` naming the field that is not a number."""
+    path = Path(path)
+    with open(path, "rb") as handle:
+        fixed = handle.read(256)
+        if len(fixed) < 256:
+            raise BadRecordError(path, f"{len(fixed)} bytes: shorter than an EDF header (256 bytes)")
+
+        def number(start: int, stop: int, name: str, kind=int):
+            text = fixed[start:stop].decode("ascii", "replace").strip()
+            try:
+                return kind(text)
+            except ValueError:
+                raise BadRecordError(
+                    path, f"EDF header field {name!r} (bytes {start}-{stop - 1}) is {text!r}, expected a number"
+                ) from None
+
+        header_bytes = number(184, 192, "number of bytes in header record")
+        n_records = number(236, 244, "number of data records")
+        record_s = number(244, 252, "duration of a data record", float)
+        n_signals = number(252, 256, "number of signals")
+        if n_signals < 0 or header_bytes != 256 * (1 + n_signals):
+            raise BadRecordError(
+                path,
+                f"EDF header field 'number of bytes in header record' (bytes 184-191) is {header_bytes}, expected "
+                f"256 x (1 + {n_signals} signals) = {256 * (1 + n_signals)}",
+            )
+        handle.seek(256 + 216 * n_signals)  # labels 16, transducer 80, dimension 8, 4 ranges x 8, prefiltering 80
+        field = handle.read(8 * n_signals)
+    if len(field) < 8 * n_signals:
+        raise BadRecordError(path, f"the header is cut: {n_signals} signals need {header_bytes} header bytes")
+    samples = []
+    for i in range(n_signals):
+        text = field[8 * i : 8 * i + 8].decode("ascii", "replace").strip()
+        if not text.isdigit():
+            raise BadRecordError(path, f"EDF header: samples per data record of signal {i + 1} is {text!r}")
+        samples.append(int(text))
+    bytes_per_sample = 3 if fixed[:1] == b"\xff" else 2  # BDF's version is 0xFF "BIOSEMI"
+    return EdfHeader(_edf_start(fixed[168:184]), header_bytes, n_records, record_s, tuple(samples), bytes_per_sample)
+
+
+def _edf_start(field: bytes) -> datetime.datetime | None:
+    match = _START.match(field.decode("ascii", "replace").strip())
+    if not match:
+        return None
+    day, month, year, hour, minute, second = (int(group) for group in match.groups())
+    try:
+        return datetime.datetime(year + (1900 if year >= 85 else 2000), month, day, hour, minute, second)
+    except ValueError:
+        return None
+
+
+def check_edf_size(path: str | Path) -> EdfHeader:
+    """The header of an EDF/EDF+/BDF file whose size is header + n_records x record size (`read_edf_header`).
+
+    Raises:
+        BadRecordError: a file shorter than its header says (truncated: fewer data records, or a record cut),
+        or longer (bytes after the last record, or a wrong record count); with an unknown count (-1), a size
+        that is not a whole number of records.
+    """
+    path = Path(path)
+    header = read_edf_header(path)
+    size = path.stat().st_size
+    body, record = size - header.header_bytes, header.record_bytes
+    whole = f"{body // record} whole data record(s)" if record and body >= 0 else "no whole data record"
+    if header.n_records < 0:
+        if record and body % record == 0:
+            return header
+        raise BadRecordError(
+            path, f"{size} bytes: the header gives no record count (-1) and the data are not whole records of "
+            f"{record} bytes ({whole})",
+        )
+    expected = header.header_bytes + header.n_records * record
+    if size < expected:
+        raise BadRecordError(
+            path,
+            f"truncated: the header says {header.n_records} data records of {record} bytes ({expected} bytes in all), "
+            f"the file has {size} bytes ({whole})",
+        )
+    if size > expected:
+        raise BadRecordError(
+            path,
+            f"{size} bytes, {size - expected} more than the header's {header.n_records} data records of {record} bytes "
+            f"({expected} bytes in all): bytes were appended or the header's record count is wrong",
+        )
+    return header
+
+
 # ----------------------------------------------------------------------------------------- one recording
 def read_recording(
     path: str | Path,
@@ -149,11 +275,14 @@ def read_recording(
         The `ChannelSelection`, whose ``raw`` holds the recording (preloaded, [V]) and its annotations.
 
     Raises:
-        BadRecordError: a file MNE cannot read. UserError: the channel contract (see `select_channels`).
+        BadRecordError: a file MNE cannot read, or an EDF/BDF whose size is not what its header says
+        (`check_edf_size`: truncated or padded). UserError: the channel contract (see `select_channels`).
     """
     import mne
 
     path = Path(path)
+    if path.suffix.lower() in _EDF_SUFFIXES and path.is_file():
+        check_edf_size(path)
     try:
         header = mne.io.read_raw(path, preload=False, verbose="error")
     except Exception as error:  # MNE raises many kinds for a malformed file
@@ -271,7 +400,9 @@ class Collector:
 
     @contextmanager
     def record(self, path: str | Path):
-        """Run the body for one record; a `UserError` raised inside skips the record or is raised."""
+        """Run the body for one record (counted in ``skipped.seen``); a `UserError` raised inside skips the record
+        or is raised."""
+        self.skipped.seen += 1
         try:
             yield
         except UserError as error:

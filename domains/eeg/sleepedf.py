@@ -18,6 +18,10 @@ published hypnograms end with a ``Sleep stage ?`` (unscored) annotation that may
 (MNE's sleep tutorial silences that warning): unscored and movement annotations are counted wherever they lie,
 and scored epochs that do not lie wholly inside the recording are left out and counted.
 
+Integrity (read from the EDF headers directly, `check_edf_size`, `check_same_night`): a PSG or hypnogram whose size
+is not header + n_records x record size (a truncated download) is a bad record, and so is a hypnogram whose start
+date and time (header bytes 168-183) differ from its PSG's: a hypnogram of another night.
+
 Shapes:
     `read_sleep_edf` -> `EegWindows.signals_uv` (n_epochs, n_chans, 30 s x sfreq) float32 [µV].
 """
@@ -34,11 +38,13 @@ from workbench.domains.eeg.readers import (
     EegWindows,
     allowed_sfreqs_from_card,
     check_annotations_in_recording,
+    check_edf_size,
     cut_windows,
     on_error_from_card,
+    read_edf_header,
     read_recording,
 )
-from workbench.domains.records import BadRecordError
+from workbench.records import BadRecordError
 
 from workbench.errors import UserError
 
@@ -122,8 +128,9 @@ def read_sleep_edf(
 
     Raises:
         UserError: no pair found, a bad option, or (``on_error="raise"``) a PSG without hypnogram (or the
-        reverse), a missing channel, a slow (1 Hz) channel asked for, an annotation outside the recording or
-        not a sleep stage.
+        reverse), a file whose size is not what its EDF header says, a hypnogram that does not start when its PSG
+        does, a missing channel, a slow (1 Hz) channel asked for, an annotation outside the recording or not a
+        sleep stage.
     """
     if wake_margin_min is not None and wake_margin_min < 0:
         raise UserError(f"wake_margin_min must be >= 0 minutes or None, got {wake_margin_min!r}")
@@ -152,17 +159,14 @@ def _read_pair(collector, psg, hypnogram, channels, wake_margin_min, allowed_sfr
         psg, channels, allow_interpolation=interpolate, allowed_sfreqs=allowed_sfreqs, resample_to=resample_to
     )
     raw, sfreq = selection.raw, selection.sfreq
+    check_same_night(psg, hypnogram)
     try:
         annotations = mne.read_annotations(hypnogram)
     except Exception as error:  # MNE raises many kinds for a malformed file
         raise BadRecordError(
             hypnogram, f"not an EDF+ hypnogram MNE can read ({type(error).__name__}: {error})"
         ) from None
-    shift_s = 0.0
-    meas_date = raw.info["meas_date"]
-    if annotations.orig_time is not None and meas_date is not None:
-        shift_s = (annotations.orig_time - meas_date).total_seconds()
-    onsets = np.asarray(annotations.onset, float) + shift_s
+    onsets = np.asarray(annotations.onset, float)  # from the hypnogram's start, which is the PSG's
     durations = np.asarray(annotations.duration, float)
     descriptions = [str(d) for d in annotations.description]
     duration_s = raw.n_times / sfreq
@@ -201,6 +205,27 @@ def _read_pair(collector, psg, hypnogram, channels, wake_margin_min, allowed_sfr
     windows = cut_windows(raw.get_data(), np.round(epoch_onsets * sfreq).astype(np.int64), n_times)
     match = re.match(r"SC4(\d\d)(\d)", psg.name, re.IGNORECASE)
     collector.add(psg, selection, windows, epoch_labels, epoch_onsets, match.group(1), match.group(0).upper())
+
+
+def check_same_night(psg: Path, hypnogram: Path) -> None:
+    """A `BadRecordError` unless the hypnogram starts when its PSG does (both EDF headers' bytes 168-183,
+    ``dd.mm.yyhh.mm.ss``, read directly: MNE gives an EDF+ hypnogram's annotations no ``orig_time``, so a
+    hypnogram of another night would otherwise pair silently). The hypnogram's size is checked against its
+    header (`check_edf_size`); the PSG's was checked when it was read."""
+    psg_start = read_edf_header(psg).start
+    hypnogram_start = check_edf_size(hypnogram).start
+    for path, start in ((psg, psg_start), (hypnogram, hypnogram_start)):
+        if start is None:
+            raise BadRecordError(
+                path, "no start date and time in the EDF header (bytes 168-183, expected 'dd.mm.yyhh.mm.ss'); "
+                "a PSG and its hypnogram are paired by it"
+            )
+    if psg_start != hypnogram_start:
+        raise BadRecordError(
+            hypnogram,
+            f"hypnogram {hypnogram.name} starts {hypnogram_start:%Y-%m-%d %H:%M:%S} but PSG {psg.name} starts "
+            f"{psg_start:%Y-%m-%d %H:%M:%S} (EDF headers, bytes 168-183): they are not the same night",
+        )
 
 
 def _wake_kept(onsets_s: np.ndarray, labels: np.ndarray, margin_s: float) -> np.ndarray:

@@ -26,9 +26,15 @@ LoRA: the ``lora`` method runs in the brainwave-LoRA study's setting (seed 001, 
 adapted together, rank 8, alpha 8, dropout 0.5 on the adapters' input, conv ranks by the power-of-2 rule; any of
 these flags given on the command line wins (``--targets conv,fc``, ``--dropout 0``).
 
-Splits are by subject only: the subjects are shuffled with ``--seed`` and ``--test-subjects`` (default 1) and
+Splits are by subject: the subjects are shuffled with ``--seed`` and ``--test-subjects`` (default 1) and
 ``--val-subjects`` (default 1) of them held out; every other subject trains. The subjects of each split go into
-``metrics.json`` (``data_summary.split``); no window of a held-out subject is ever trained on.
+``metrics.json`` (``data_summary.split``); no window of a held-out subject is ever trained on. For data of too few
+subjects (one EEGMMIDB subject's runs), ``--split-by record`` holds out whole records (runs, nights) instead, the
+two counts then counting records: a within-subject, cross-record score, not a cross-subject one.
+
+Bad records (a file MNE cannot read, an EDF whose size is not what its header says, a hypnogram of another night, a
+missing channel, ...) are skipped into ``task.skipped`` (with how many records were looked at) or raised, as
+``--on-bad-record`` says, in `read` and `info` alike.
 
 Inputs (`scale_windows`): ``--scaling uv100`` (default) divides the µV signals by 100 (units of 0.1 mV), what the
 LaBraM authors' fine-tuning code feeds the model (``samples / 100`` in their ``engine_for_finetuning.py``;
@@ -80,11 +86,10 @@ from workbench.domains.eeg.readers import (
     read_recording,
 )
 from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, read_sleep_edf
-from workbench.domains.records import BadRecordError
+from workbench.records import BadRecordError
 from workbench.domains.splits import split_subjects
 from workbench.models.eeg import CHECKPOINTS
 
-from workbench.datacard import load_card
 from workbench.errors import UserError
 from workbench.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1, per_class_f1
 from workbench.model import spec_of
@@ -97,6 +102,8 @@ log = logging.getLogger(__name__)
 EMBEDDED = Path(__file__).resolve().parent / "embedded"
 EMBEDDED_SLEEP = EMBEDDED / "sleep-edf"
 EMBEDDED_MOTOR = EMBEDDED / "eegmmidb"
+#: What ``--split-by`` holds out whole.
+SPLIT_BY = ("subject", "record")
 #: How µV become model inputs (`scale_windows`).
 SCALINGS = ("uv100", "zscore")
 #: The channels of the embedded motor-imagery set (the 3 x 3 sensorimotor grid), also the default for EEGMMIDB.
@@ -188,8 +195,16 @@ class EegTask(Task):
         "learning_rate": 1e-3,
     }
     shared_options: ClassVar[tuple[Option, ...]] = (
-        Option("val_subjects", int, 1, "subjects held out for validation (early stopping)"),
-        Option("test_subjects", int, 1, "subjects held out for the test scores"),
+        Option("val_subjects", int, 1, "subjects (records with --split-by record) held out for validation"),
+        Option("test_subjects", int, 1, "subjects (records with --split-by record) held out for the test scores"),
+        Option(
+            "split_by",
+            str,
+            "subject",
+            "hold out whole subjects, or whole records (runs, nights) for data of too few subjects: a within-subject, "
+            "cross-record score",
+            choices=SPLIT_BY,
+        ),
         Option(
             "scaling",
             str,
@@ -198,14 +213,6 @@ class EegTask(Task):
             choices=SCALINGS,
         ),
         Option("balanced_loss", bool, False, "weight the cross-entropy by inverse training-class frequency"),
-        Option(
-            "on_bad_record",
-            str,
-            "card",
-            "a bad record (unreadable, missing channel, disallowed rate, bad annotation) is skipped and reported, "
-            "stops the run, or as the data card says ('card')",
-            choices=("card", "skip", "raise"),
-        ),
         Option(
             "extra_sfreqs",
             str,
@@ -224,11 +231,18 @@ class EegTask(Task):
     def read(self, data: str | Path | None, seed: int = 0) -> EegData:
         raw = self._read(data)
         windows = raw.windows
-        if len(windows.skipped):
-            log.warning("%s", windows.skipped.summary())
-        raw.split = split_subjects(
-            windows.subjects.tolist(), self.config["val_subjects"], self.config["test_subjects"], seed
-        )
+        groups, by = self._groups(windows), self.config["split_by"]
+        needed = self.config["val_subjects"] + self.config["test_subjects"] + 1
+        if len(set(groups)) < needed and min(self.config["val_subjects"], self.config["test_subjects"]) >= 1:
+            hint = "" if by == "record" else (
+                f"; the {len(set(windows.records))} record(s) can be held out instead with --split-by record"
+            )
+            raise UserError(
+                f"{raw.source}: holding out {self.config['val_subjects']} validation and {self.config['test_subjects']} "
+                f"test {by}(s) and training on one needs {needed} {by}s, the data have {len(set(groups))} "
+                f"({', '.join(sorted(set(groups)))}){hint}"
+            )
+        raw.split = split_subjects(groups.tolist(), self.config["val_subjects"], self.config["test_subjects"], seed)
         self._sizes = {
             "n_chans": windows.n_chans,
             "n_outputs": len(windows.classes),
@@ -240,15 +254,19 @@ class EegTask(Task):
         return raw
 
     def _read(self, data: str | Path | None) -> EegData:
-        """The task's windows (the embedded data when ``data`` is None), not yet split."""
+        """The task's windows (the embedded data when ``data`` is None), not yet split; ``self.skipped`` holds the
+        records the reader skipped and how many it looked at."""
+        raw = self._read_windows(data)
+        self.skipped = raw.windows.skipped
+        return raw
+
+    def _read_windows(self, data: str | Path | None) -> EegData:
+        """The task's windows as its reader gives them (the embedded data when ``data`` is None)."""
         raise NotImplementedError
 
-    def _on_error(self, embedded: bool) -> str | None:
-        """``on_error`` of the readers: the option, or for 'card' the embedded card's (None: the reader's card)."""
-        choice = self.config["on_bad_record"]
-        if choice != "card":
-            return choice
-        return load_card(self.card).content.get("on_bad_record", "raise") if embedded else None
+    def _groups(self, windows: EegWindows) -> np.ndarray:
+        """What the split holds out whole: each window's subject, or its record with ``--split-by record``."""
+        return windows.records if self.config["split_by"] == "record" else windows.subjects
 
     def _rates(self, card: str) -> tuple[tuple[float, ...] | None, float | None]:
         """(allowed rates [Hz], rate to resample to or None) from ``card`` and ``--extra-sfreqs``."""
@@ -360,11 +378,11 @@ class EegTask(Task):
         rng = np.random.default_rng(seed)
         parts = {}
         for name, limit in (("train", train_size), ("val", val_size), ("test", None)):
-            index = np.flatnonzero(np.isin(windows.subjects, raw.split[name]))
+            index = np.flatnonzero(np.isin(self._groups(windows), raw.split[name]))
             if limit is not None and len(index) > limit:
                 index = np.sort(rng.choice(index, size=limit, replace=False))
             if not len(index):
-                raise UserError(f"{raw.source}: the {name} subjects {raw.split[name]} have no window")
+                raise UserError(f"{raw.source}: the {name} {self.config['split_by']}s {raw.split[name]} have no window")
             parts[name] = windows.subset(index)
         counts = np.bincount(parts["train"].labels, minlength=len(windows.classes)).astype(float)
         weights = np.where(counts > 0, counts.sum() / np.maximum(counts, 1) / len(windows.classes), 0.0)
@@ -374,6 +392,7 @@ class EegTask(Task):
         summary = {
             "data": raw.description,
             "split": raw.split,
+            "split_by": self.config["split_by"],
             "windows": {name: len(part) for name, part in parts.items()},
             "class_counts": {name: part.class_counts() for name, part in parts.items()},
             "channels": list(windows.ch_names),
@@ -418,7 +437,7 @@ class EegTask(Task):
 
     def test_samples(self, model: nn.Module, raw: EegData) -> list[EegSample]:
         self._check_model(model, raw.windows, raw.source)
-        return self._samples(raw.windows.subset(np.isin(raw.windows.subjects, raw.split["test"])))
+        return self._samples(raw.windows.subset(np.isin(self._groups(raw.windows), raw.split["test"])))
 
     # -- training and scoring --------------------------------------------------------------------
     def collate(self, samples: Sequence[EegSample], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -607,7 +626,7 @@ class SleepEdf(EegTask):
     )
     generate_options = (Option("subjects", int, 6, "subjects (one night each) of the generated set"),)
 
-    def _read(self, data: str | Path | None) -> EegData:
+    def _read_windows(self, data: str | Path | None) -> EegData:
         embedded = data is None
         root = EMBEDDED_SLEEP if embedded else Path(data)
         if not root.exists():
@@ -620,7 +639,7 @@ class SleepEdf(EegTask):
             wake_margin_min=None if margin < 0 else margin,
             allowed_sfreqs=allowed,
             resample_to=resample_to,
-            on_error=self._on_error(embedded),
+            on_error=self.config["on_bad_record"],
         )
         self._class_names = windows.classes
         what = "embedded synthetic Sleep-EDF nights" if embedded else f"Sleep-EDF cassette layout at {root}"
@@ -709,7 +728,7 @@ class MotorImagery(EegTask):
             return tuple(name.strip() for name in text.split(",") if name.strip())
         return BCI2A_CHANNELS if layout.startswith("bci") else SENSORIMOTOR_CHANNELS
 
-    def _read(self, data: str | Path | None) -> EegData:
+    def _read_windows(self, data: str | Path | None) -> EegData:
         embedded = data is None
         root = EMBEDDED_MOTOR if embedded else Path(data)
         if not root.exists():
@@ -723,7 +742,7 @@ class MotorImagery(EegTask):
             "allowed_sfreqs": allowed,
             "resample_to": resample_to,
             "allow_interpolation": self.config["interpolate_channels"],
-            "on_error": self._on_error(embedded),
+            "on_error": self.config["on_bad_record"],
         }
         reader = {"bci-iv-2a-gdf": read_bci_iv_2a, "bci-iv-2a-mat": read_bnci_2a_mat}.get(layout, read_eegmmidb)
         windows = reader(root, **common)
