@@ -32,11 +32,20 @@ import torch
 # braindecode builds a montage under a name MNE 1.13 deprecates, on every import: noise for the user.
 warnings.filterwarnings("ignore", message="Montage name 'standard_1020' is deprecated", category=FutureWarning)
 torch.serialization.add_safe_globals([slice])
-try:
-    import mace  # noqa: F401
+try:  # imported by name only: binding ``mace`` here would hide this package's own `workbench.models.mace`
+    importlib.import_module("mace")
 except ImportError:  # mace-torch comes with the atomistic extra
     pass
 os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+
+#: The model families (one module each), imported on first use as attributes (``workbench.models.mace``).
+FAMILIES = ("ecg", "eeg", "graph", "mace", "medvl", "mlp", "physio", "vq")
+
+
+def __getattr__(name: str):
+    if name in FAMILIES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _import_torchaudio_without_its_extension() -> None:

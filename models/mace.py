@@ -89,7 +89,8 @@ def build_mace(hparams: Mapping[str, Any]) -> modules.ScaleShiftMACE:
     use_reduced_cg = bool(hparams.get("use_reduced_cg", False))
     if use_reduced_cg and not CUET_AVAILABLE:
         raise UserError(
-            "MACE hyper-parameter 'use_reduced_cg': true needs cuequivariance (pip install 'workbench[cueq]'); "
+            "MACE hyper-parameter 'use_reduced_cg': true needs cuequivariance "
+            "(pip install 'sciadapt-workbench[cueq]'); "
             "without it mace-torch silently builds the full Clebsch-Gordan basis, whose weights have other shapes"
         )
     interaction = modules.interaction_classes[hparams["interaction"]]
@@ -199,7 +200,8 @@ def to_cueq(model: nn.Module) -> nn.Module:
     """
     if not CUET_AVAILABLE:
         raise UserError(
-            "--backend cueq needs cuequivariance: pip install 'workbench[cueq]' (and on a GPU 'workbench[cueq-cuda]')"
+            "--backend cueq needs cuequivariance: pip install 'sciadapt-workbench[cueq]' "
+            "(and on a GPU 'sciadapt-workbench[cueq-cuda]')"
         )
     if any(torch.nn.utils.parametrize.is_parametrized(module) for module in model.modules()):
         raise UserError("to_cueq: the model carries adapters; merge them first (the converter copies plain weights)")

@@ -45,7 +45,7 @@ def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
         lines.append(
             [
                 label,
-                *(f"{values[m]:.2f}" for m in metric_names),
+                *(_value(values, m, ".2f") for m in metric_names),
                 f"{cost['trainable_parameters']:,}" if cost else "-",
                 f"{cost['seconds_per_epoch']:.2f}" if cost else "-",
                 _megabytes(cost) if cost else "-",
@@ -62,7 +62,19 @@ def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
     rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
     samples = metrics["samples"]
     title = f"{metrics['task']}: test split ({samples['test']} samples; trained on {samples['train']})"
-    return "\n".join([title, rule, fmt(header), rule, *map(fmt, lines), rule])
+    footer = [_skipped_line(metrics)] if metrics.get("skipped_records", {}).get("skipped") else []
+    return "\n".join([title, rule, fmt(header), rule, *map(fmt, lines), rule, *footer])
+
+
+def _value(values: Mapping[str, float], name: str, spec: str) -> str:
+    """A metric formatted, or "-" where this data gives none (e.g. a sub-task the data do not hold)."""
+    return format(values[name], spec) if name in values else "-"
+
+
+def _skipped_line(metrics: Mapping[str, Any]) -> str:
+    skipped = metrics["skipped_records"]
+    of = f" of {skipped['seen']}" if skipped["seen"] else ""
+    return f"{skipped['skipped']}{of} record(s) skipped (bad records; listed in metrics.json)"
 
 
 def learning_curves(
@@ -115,8 +127,12 @@ def markdown(
                 f"{cost['trainable_parameters']:,} | {cost['seconds_per_epoch']:.2f} | {_megabytes(cost)} | "
                 f"{cost['epochs']} ({cost['best_epoch'] + 1})"
             )
-        lines.append(f"| {label} | " + " | ".join(f"{values[m]:.3f}" for m in metric_names) + f" | {extra} |")
+        lines.append(f"| {label} | " + " | ".join(_value(values, m, ".3f") for m in metric_names) + f" | {extra} |")
     lines += ["", metrics_note, "", MEMORY_NOTE]
+    skipped = metrics.get("skipped_records", {})
+    if skipped.get("skipped"):
+        lines += ["", "## Skipped records", "", _skipped_line(metrics) + ":", ""]
+        lines += [f"- `{item['record']}`: {item['problem']}" for item in skipped["records"]]
     for caption, file_name in figures:
         lines += ["", f"## {caption}", "", f"![{caption}]({file_name})"]
     lines += [

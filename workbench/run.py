@@ -37,6 +37,7 @@ from workbench.config import RunConfig, RunRequest, resolve_config, split_entry
 from workbench.errors import UserError
 from workbench.memory import PeakMemory, training_step_bytes
 from workbench.method import Method, count_parameters
+from workbench.records import SkipReport
 from workbench.registry import methods, tasks
 from workbench.task import Evaluation, Task, TaskData
 from workbench.trainer import Trainer, TrainSettings, distributed
@@ -145,6 +146,8 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
     device = torch.device(config.device)
     torch.manual_seed(config.seed)
     raw = task.read(config.data, config.seed)
+    if task.skipped:
+        log.warning("%s", task.skipped.summary())
     base = cast(task.load_model(config.model, config.trust_checkpoint), task, config.precision)
     data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
     bases = {None: (base, task_state)}  # the run's model, then every other model a baseline names (METHOD@MODEL)
@@ -219,7 +222,7 @@ def _adapt_steps(
             save_adapter=chosen,
             teacher=teacher,
         )
-    metrics = _metrics(config, data, before, results)
+    metrics = _metrics(config, data, before, results, task.skipped)
     if rank == 0:
         figures = task.figures(evaluations, out_dir) + [report.learning_curves(results, out_dir)]
         write_text(
@@ -550,7 +553,7 @@ def _save_adapter(out_dir: Path, method: Method, model: nn.Module, task_state: d
 
 
 def _metrics(
-    config: RunConfig, data: TaskData, before: Evaluation, results: dict[str, dict[str, Any]]
+    config: RunConfig, data: TaskData, before: Evaluation, results: dict[str, dict[str, Any]], skipped: SkipReport
 ) -> dict[str, Any]:
     chosen = results[config.method]
     costs = {
@@ -565,6 +568,7 @@ def _metrics(
         "processes": distributed()[1],
         "samples": {"train": len(data.train), "val": len(data.val), "test": len(data.test)},
         "data_summary": data.summary,
+        "skipped_records": skipped.to_json(),
         "before": before.metrics,
         "after": chosen["metrics"],
         "baselines": {name: results[name]["metrics"] for name in config.baselines},

@@ -20,6 +20,7 @@ from torch import nn
 
 from workbench.errors import UserError
 from workbench.options import Option, resolve_options
+from workbench.records import ON_BAD_RECORD, SkipReport
 from workbench.registry import models
 
 #: What a task may offer beyond the required hooks, and the hooks that offer it.
@@ -102,7 +103,9 @@ class Task:
     metrics_note: ClassVar[str] = "Errors are on the test split; lower is better."
     #: Training defaults of this task (`workbench.trainer.TrainSettings` fields and ``train_size``).
     defaults: ClassVar[Mapping[str, Any]] = {}
-    options: ClassVar[tuple[Option, ...]] = ()
+    #: The task's options; every task also takes ``on_bad_record`` (`workbench.records.ON_BAD_RECORD`), put first by
+    #: ``__init_subclass__``.
+    options: ClassVar[tuple[Option, ...]] = (ON_BAD_RECORD,)
     #: ``--precision`` values the task's models train in; the first is the default. "float64" / "float32": the
     #: model and its samples in that dtype (`prepare` makes samples in the model's dtype); "bf16" / "fp16": float32
     #: weights, training steps under ``torch.autocast`` (fp16 with loss scaling).
@@ -115,14 +118,23 @@ class Task:
     #: Options of ``workbench data generate`` (the keyword arguments of `generate` besides ``out`` and ``seed``).
     generate_options: ClassVar[tuple[Option, ...]] = ()
 
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if ON_BAD_RECORD not in cls.options:
+            cls.options = (ON_BAD_RECORD, *cls.options)
+
     def __init__(self, **options: Any):
         missing = [name for name in self.requires if importlib.util.find_spec(name) is None]
         if missing:
             raise UserError(
                 f"task '{self.name}' needs {', '.join(missing)}, which is not installed: "
-                f'pip install -e ".[{self.extra}]" (or pip install "workbench[{self.extra}]")'
+                f'pip install -e ".[{self.extra}]" (or pip install "sciadapt-workbench[{self.extra}]")'
             )
         self.config = resolve_options(f"task '{self.name}'", self.options, options)
+        #: The records the last `read` or `info` skipped (``self.config["on_bad_record"] == "skip"``) and how many it
+        #: looked at; tasks fill it, the engine reports it (console, table, ``metrics.json``, ``report.md``, ``data
+        #: check``).
+        self.skipped = SkipReport()
         #: Whether the task's long loops (reading a large data set) show a progress bar (off with ``--quiet``).
         self.progress = True
 
@@ -140,6 +152,9 @@ class Task:
     # -- data and model --------------------------------------------------------------------------
     def read(self, data: str | Path | None, seed: int) -> Any:
         """Read and check the labelled data (the embedded default when ``data`` is None).
+
+        A bad record is skipped into ``self.skipped`` (with a warning naming the file and the reason) or raised as a
+        `workbench.records.BadRecordError`, as ``self.config["on_bad_record"]`` says.
 
         Returns a task-specific object with a ``source`` attribute (a path or a description).
         """
@@ -255,7 +270,8 @@ class Task:
 
     # -- data commands ---------------------------------------------------------------------------
     def info(self, data: str | Path | None) -> str:
-        """A human-readable description of the data (``workbench data info``)."""
+        """A human-readable description of the data (``workbench data info`` and ``data check``), after opening
+        every file a run would read; bad records go into ``self.skipped`` as in `read`."""
         raise NotImplementedError
 
     def generate(self, out: Path, seed: int | None = None, **options: Any) -> str:
