@@ -1,5 +1,5 @@
 """Beats of annotated WFDB records (workbench.domains.physio.beats): a real MIT-BIH excerpt (record 100, from
-wfdb-python's sample data; tests/data/mitbih/LICENSE) read against wfdb itself, the AAMI classes, de Chazal's
+wfdb-python's sample data; tests/data/real/physio/mitdb/LICENSE) read against wfdb itself, the AAMI classes, de Chazal's
 inter-patient split, and the bad records that must be named (file and problem), raised or skipped and reported."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from workbench.domains.physio import (  # noqa: E402
 
 from workbench.errors import UserError  # noqa: E402
 
-MITBIH = Path(__file__).parent / "data" / "mitbih"
+MITBIH = Path(__file__).parent / "data" / "real" / "physio" / "mitdb"
 
 
 def copy_record(folder: Path, name: str = "100", source: str = "100") -> Path:

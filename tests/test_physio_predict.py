@@ -27,7 +27,7 @@ from workbench.errors import UserError  # noqa: E402
 from workbench.registry import tasks  # noqa: E402
 
 SITE = EMBEDDED / "site-D"
-MITBIH = Path(__file__).parent / "data" / "mitbih"
+MITBIH = Path(__file__).parent / "data" / "real" / "physio" / "mitdb"
 PROBABILITIES = [f"p_{c}" for c in CLASSES]
 
 

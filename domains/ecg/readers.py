@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 from workbench.domains.ecg.preprocess import LEADS, EcgPreprocessing, preprocess
-from workbench.domains.records import BadRecordError, SkipReport
+from workbench.records import BadRecordError, SkipReport
 
 from workbench.datacard import DataCard, load_card
 from workbench.errors import UserError, field_error
@@ -387,6 +387,7 @@ class _Collector:
         self, position: int, path, expected_rate_hz: float | None = None, problem: str | None = None, where: str = ""
     ) -> bool:
         """Read, check and preprocess one record; False when it was skipped. ``where`` is appended to problems."""
+        self.skipped.seen += 1
         try:
             if problem:
                 raise BadRecordError(path, problem)

@@ -34,6 +34,7 @@ reads them.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -52,7 +53,7 @@ from workbench.domains.ecg.readers import (
     read_ptbxl,
     read_record,
 )
-from workbench.domains.records import BadRecordError
+from workbench.records import BadRecordError
 
 from workbench.errors import UserError
 from workbench.metrics import choose_thresholds, multilabel_scores
@@ -138,13 +139,6 @@ class PtbXl(Task):
     )
     options = (
         Option("target_site", str, DEFAULT_TARGET_SITE, "embedded data: the site to adapt to (1, 2 or 3)"),
-        Option(
-            "on_bad_record",
-            str,
-            "skip",
-            "a bad record (truncated, NaN, missing lead, wrong rate) is skipped and reported, or stops the run",
-            choices=("skip", "raise"),
-        ),
     )
 
     @classmethod
@@ -177,8 +171,12 @@ class PtbXl(Task):
             )
             splits = records.split(PTBXL_FOLDS)
             source, description = str(path), f"PTB-XL layout at {path} (folds 1-8 / 9 / 10)"
-        if len(records.skipped):
-            log.warning("%s", records.skipped.summary())
+            outside = len(records) - sum(len(part) for part in splits.values())
+            if outside:
+                log.warning("%s: %d record(s) have a strat_fold outside 1-10 and are not used", path, outside)
+        if records.unlabelled:
+            log.info("%d record(s) have no superclass among %s and are not used", len(records.unlabelled), SUPERCLASSES)
+        self.skipped = records.skipped
         for name in ("train", "val", "test"):
             if len(splits[name]) == 0:
                 raise UserError(f"{source}: the {name} split has no usable record")
@@ -308,17 +306,25 @@ class PtbXl(Task):
 
     # -- data commands ---------------------------------------------------------------------------
     def info(self, data: str | Path | None) -> str:
+        """Every record the run would read, opened and checked (bad ones into ``self.skipped``); classes, sites,
+        folds and the records left out for having no superclass."""
+        on_error = self.config["on_bad_record"]
         records = (
-            read_embedded(PREPROCESSING)
+            read_embedded(PREPROCESSING, on_error=on_error)
             if data is None
-            else read_ptbxl(data, PREPROCESSING, card="ptbxl", progress=True)
+            else read_ptbxl(data, PREPROCESSING, on_error=on_error, card="ptbxl", progress=self.progress)
         )
+        self.skipped = records.skipped
+        folds = {} if records.folds is None else dict(sorted(Counter(records.folds.tolist()).items()))
+        split = {name: int(np.isin(records.folds, list(numbers)).sum()) for name, numbers in PTBXL_FOLDS.items()}
         lines = [
             f"source: {records.source}",
             f"records: {len(records)} × {records.signals.shape[1]} leads × {records.signals.shape[2]} samples "
             f"at {records.sampling_rate_hz:g} Hz (after preprocessing)",
             f"classes: {records.class_counts()}",
             f"sites: {records.site_counts()}",
+            f"folds: {folds}" + (f" (PTB-XL's split: {split})" if data is not None else ""),
+            f"without a superclass (not used): {len(records.unlabelled)}",
             records.skipped.summary(),
         ]
         return "\n".join(lines)

@@ -34,7 +34,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from workbench.domains.ecg.readers import read_raw_record
-from workbench.domains.records import BadRecordError, SkipReport
+from workbench.records import BadRecordError, SkipReport
 
 from workbench.errors import UserError
 
@@ -153,8 +153,9 @@ def read_annotated_beats(
 
     Raises:
         BadRecordError: the record's checks (`workbench.domains.ecg.readers.read_raw_record`: missing or truncated
-            file, missing lead, NaN, flat signal, unexpected rate), a missing or unreadable annotation file, or an
-            annotation outside the record.
+            file, missing lead, NaN, flat signal, unexpected rate), a missing or unreadable annotation file, an
+            annotation file without any beat annotation (empty, or rhythm/noise annotations only), or an annotation
+            outside the record.
     """
     import wfdb
 
@@ -171,6 +172,13 @@ def read_annotated_beats(
         raise BadRecordError(annotation_path, f"unreadable WFDB annotation file ({error})") from None
     signal = raw.signal_mv[0]
     samples, symbols = np.asarray(annotation.sample, np.int64), list(annotation.symbol)
+    if not any(class_of.get(symbol) for symbol in symbols):
+        kinds = ", ".join(f"'{s}' {n}" for s, n in sorted(Counter(symbols).items())) or "none"
+        raise BadRecordError(
+            annotation_path,
+            f"the annotation file holds no beat ({len(symbols)} annotation(s), of kinds {kinds}); "
+            "expected beat annotations (N, L, R, V, A, ...)",
+        )
     outside = (samples < 0) | (samples >= len(signal))
     if outside.any():
         first = int(np.flatnonzero(outside)[0])
@@ -210,7 +218,11 @@ def read_beat_folder(
     on_error: str = "raise",
     progress: bool = False,
 ) -> BeatSet:
-    """The beats of every WFDB record under ``root`` (recursively) that has ``.{extension}`` beat annotations.
+    """The beats of every WFDB record under ``root`` (recursively), read from its ``.{extension}`` beat annotations.
+
+    A bad record — one of `read_annotated_beats`' problems, a header without its ``.{extension}`` file, or a record
+    none of whose beats can be cut (all at its edges) — is raised or, with ``on_error="skip"``, warned about and
+    listed in ``skipped`` (whose ``seen`` counts every record looked at); it never disappears without a word.
 
     Args:
         root: the folder.
@@ -220,7 +232,7 @@ def read_beat_folder(
         expected_rate_hz: the rate every record must have (None: the first record's; records at another rate are
             bad records — nothing is resampled).
         exclude_records: record names left out (counted under "record left out").
-        on_error: ``"raise"`` (default) or ``"skip"`` a bad record (reported in ``skipped``).
+        on_error: ``"raise"`` (default) or ``"skip"`` a bad record (warned about and reported in ``skipped``).
         progress: a progress bar over the records.
 
     Raises:
@@ -238,23 +250,32 @@ def read_beat_folder(
     annotated = [h for h in headers if h.with_suffix(f".{extension}").is_file()]
     if not annotated:
         raise UserError(f"{root}: no WFDB record with .{extension} beat annotations (x.hea + x.dat + x.{extension})")
-    for header in headers:
-        if header not in annotated:
-            log.info("%s: no .%s annotations; not read", header, extension)
     skipped, excluded = SkipReport(), Counter()
     parts, rate = [], expected_rate_hz
-    for header in tqdm(annotated, desc="annotated records", unit="record", disable=not progress):
+    for header in tqdm(headers, desc="annotated records", unit="record", disable=not progress):
         record = header.stem
         if record in exclude_records:
             excluded["record left out"] += 1
             continue
+        skipped.seen += 1
         try:
+            if header not in annotated:
+                raise BadRecordError(
+                    header.with_suffix(f".{extension}"),
+                    f"annotation file missing (the header {header.name} is here; its beats would be in the .{extension})",
+                )
             one = read_annotated_beats(
                 header, lead=lead, before_s=before_s, after_s=after_s, extension=extension, expected_rate_hz=rate
             )
+            if not len(one.labels):
+                raise BadRecordError(
+                    header.with_suffix(f".{extension}"),
+                    f"no beat could be cut from the record ({_counts(one.excluded)})",
+                )
         except BadRecordError as error:
             if on_error == "raise":
                 raise
+            log.warning("skipping %s", error)
             skipped.add(error.record, error.problem)
             continue
         rate = one.fs_hz
@@ -276,6 +297,10 @@ def read_beat_folder(
         skipped=skipped,
         source=str(root),
     )
+
+
+def _counts(counter: Mapping[str, int]) -> str:
+    return ", ".join(f"{reason} {count}" for reason, count in sorted(counter.items())) or "nothing annotated"
 
 
 def read_mitbih(root: str | Path, *, lead: str = "MLII", include_paced: bool = False, **options) -> BeatSet:

@@ -60,7 +60,7 @@ from workbench.domains.physio.beats import (
     read_beat_folder,
     read_mitbih,
 )
-from workbench.domains.records import BadRecordError, SkipReport
+from workbench.records import BadRecordError, SkipReport
 from workbench.domains.splits import split_subjects
 from workbench.models.physio import BACKBONE_RATE_HZ
 
@@ -159,13 +159,6 @@ class Physio(Task):
         Option("test_subjects", int, 2, "subjects held out for the test scores (without DS1/DS2)"),
         Option("lead", str, "MLII", "the ECG lead beats are cut from (its name in the WFDB headers)"),
         Option("unweighted_loss", bool, False, "plain cross-entropy instead of the class-weighted one"),
-        Option(
-            "on_bad_record",
-            str,
-            "raise",
-            "a bad record stops the run or is skipped and reported",
-            choices=("raise", "skip"),
-        ),  # fmt: skip
     )
     examples = (
         "workbench adapt --domain physio                     # PhysioPFM: a generated LoRA + 6 baselines, ~1.5 min",
@@ -190,6 +183,7 @@ class Physio(Task):
                 raise UserError(f"{root}: no such folder (give --data a folder of WFDB records with .atr beats)")
             beats = (read_mitbih if has_mitbih_names(root) else read_beat_folder)(root, **common)
             description = f"beat-annotated WFDB records at {root}"
+        self.skipped = beats.skipped
         beats = _four_classes(beats)
         split = self._split(beats, seed)
         self._check_split(beats, split)
@@ -256,7 +250,6 @@ class Physio(Task):
             "sfreq_hz": beats.fs_hz,
             "lead": beats.lead,
             "excluded": dict(beats.excluded),
-            "skipped_records": [str(problem) for problem in beats.skipped],
             "notes": notes,
             "site": raw.site,
             "record_sha256": raw.record_sha256,
@@ -430,6 +423,7 @@ class Physio(Task):
         return f"wrote {out} (patch-gpt backbone, no head); validation {scores}"
 
     def info(self, data: str | Path | None) -> str:
+        """The beats, classes, exclusions, skipped records and subject split `read` gives (every record opened)."""
         raw = self.read(data)
         return "\n".join([f"source: {raw.description}", raw.beats.report(), f"split: {raw.split}"])
 
