@@ -8,7 +8,7 @@ import pytest
 from ase import Atoms
 from ase.calculators.singlepoint import SinglePointCalculator
 from conftest import small_mace, write_rmd17_layout
-from workbench.domains.atomistic.readers import read_extxyz, read_extxyz_set, read_rmd17
+from workbench.domains.atomistic.readers import BadFrames, read_ase, read_ase_set, read_rmd17
 from workbench.domains.atomistic.task import Rmd17
 from workbench.domains.atomistic.units import EV_PER_KCAL_PER_MOL
 
@@ -69,7 +69,6 @@ def test_bad_splits(tiny_rmd17):
     "replace, field, expected",
     [
         ({"forces": None}, "forces", "a field 'forces'"),
-        ({"energies": np.full(60, np.nan)}, "energies", "finite numbers"),
         ({"coords": np.zeros((60, 8, 3))}, "coords", "n_atoms = 9"),
         ({"energies": np.arange(60)}, "energies", "dtype float"),
     ],
@@ -94,25 +93,42 @@ def _atoms(energy=-5.0, calculator=False):
 
 def test_extxyz_mace_keys_and_calculator(tmp_path):
     ase.io.write(tmp_path / "ref.xyz", [_atoms(-5.0), _atoms(-6.0)], format="extxyz")
-    frames = read_extxyz(tmp_path / "ref.xyz")
+    frames, notes = read_ase(tmp_path / "ref.xyz")
     assert [f.energy_ev for f in frames] == [-5.0, -6.0]
+    assert "energy from info 'REF_energy', forces from arrays 'REF_forces'" in notes[0]
     np.testing.assert_allclose(frames[1].forces_ev_per_a, np.arange(9).reshape(3, 3) / 10)
     ase.io.write(tmp_path / "calc.xyz", [_atoms(-7.0, calculator=True)], format="extxyz")
-    assert read_extxyz(tmp_path / "calc.xyz")[0].energy_ev == -7.0
+    frames, notes = read_ase(tmp_path / "calc.xyz")
+    assert frames[0].energy_ev == -7.0 and "calculator results 'energy'" in notes[0]
 
 
-def test_extxyz_without_energy(tmp_path):
+def test_a_frame_without_energy_is_a_bad_record(tmp_path):
     ase.io.write(tmp_path / "ref.xyz", [_atoms(-5.0), _atoms(None)], format="extxyz")
-    with pytest.raises(UserError, match=r"ref.xyz: field 'REF_energy': expected an energy \[eV\] in frame 1"):
-        read_extxyz(tmp_path / "ref.xyz")
+    with pytest.raises(UserError, match=r"ref.xyz \[frame 1\]: no energy 'energy'"):
+        read_ase(tmp_path / "ref.xyz")
+    bad = BadFrames(policy="skip")
+    frames, _ = read_ase(tmp_path / "ref.xyz", bad=bad)
+    assert len(frames) == 1 and bad.report.records == [f"{tmp_path / 'ref.xyz'} [frame 1]"] and bad.report.seen == 2
+
+
+def test_a_frame_with_nan_energy_is_a_bad_record(tmp_path):
+    energies = np.load(write_rmd17_layout(tmp_path / "ok") / "npz_data" / "rmd17_ethanol.npz")["energies"].copy()
+    energies[3] = np.nan
+    root = write_rmd17_layout(tmp_path / "bad", energies=energies)
+    with pytest.raises(UserError, match=r"rmd17_ethanol.npz \[frame 3\]: field 'energies': expected a finite energy"):
+        read_rmd17(root, "ethanol")
+    bad = BadFrames(policy="skip")
+    data = read_rmd17(root, "ethanol", bad=bad)
+    assert len(data.frames) == 59 and len(bad.report) == 1 and bad.report.seen == 60
+    assert len(data.train_indices) == 39 and len(data.test_indices) == 20  # frame 3 left the training split
 
 
 def test_extxyz_set_splits(tmp_path):
     ase.io.write(tmp_path / "all.xyz", [_atoms(-float(i)) for i in range(10)], format="extxyz")
-    data = read_extxyz_set(tmp_path / "all.xyz", seed=1)
+    data = read_ase_set(tmp_path / "all.xyz", seed=1)
     assert sorted([*data.train_indices, *data.test_indices]) == list(range(10))
     (tmp_path / "folder").mkdir()
     ase.io.write(tmp_path / "folder" / "train.xyz", [_atoms(-1.0)] * 3, format="extxyz")
     ase.io.write(tmp_path / "folder" / "test.xyz", [_atoms(-2.0)] * 2, format="extxyz")
-    data = read_extxyz_set(tmp_path / "folder")
+    data = read_ase_set(tmp_path / "folder")
     assert list(data.test_indices) == [3, 4]

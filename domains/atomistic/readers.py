@@ -3,25 +3,47 @@
 * rMD17 (Christensen & von Lilienfeld 2020): ``rmd17/npz_data/rmd17_<molecule>.npz`` with
   ``nuclear_charges``, ``coords`` [Å], ``energies`` [kcal/mol], ``forces`` [kcal/mol/Å], and the
   official splits ``rmd17/splits/index_{train,test}_0K.csv`` (one frame index per line).
-* extended XYZ (ase), with MACE's keys ``REF_energy`` / ``REF_forces`` or a calculator's results.
+* sGDML npz, as sGDML ships MD17 and MD22: ``R`` (frames, atoms, 3), ``E`` (frames,) or (frames, 1), ``F``
+  (frames, atoms, 3), ``z`` (atoms,), metadata (``name``, ``theory``, ``type``, ``md5``) and sometimes ``e_unit`` /
+  ``r_unit``; energies in kcal/mol unless the file or ``--units`` says otherwise.
+* anything ase reads with energies and forces: extended XYZ (MACE's ``REF_energy`` / ``REF_forces`` or a
+  calculator's results), ase ``.db`` (labels as calculator results, key-value pairs or, as schnetpack keeps MD17,
+  in ``row.data``), ``.traj``; energies in eV unless the file (schnetpack's unit metadata) or ``--units`` says.
 
-Every file is checked against its data card; a bad file is a `UserError` naming the file and field.
+Records are frames. A frame without an energy or forces, or with NaN/inf in them, is a bad record: skipped into a
+`workbench.records.SkipReport` with a warning, or raised, as the ``on_bad_record`` policy says. A file whose
+structure is wrong (a missing field, mismatched shapes) is a `UserError` naming the file and field. Units are
+checked for plausibility: the force magnitudes must look like a molecule's, and where consecutive frames are close,
+energy differences must match the work of the forces; otherwise the reader says which unit the numbers look like.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 from workbench.domains.atomistic.frames import Frame
-from workbench.domains.atomistic.units import EV_PER_KCAL_PER_MOL
+from workbench.domains.atomistic.units import (
+    ANGSTROM_PER_LENGTH_UNIT,
+    EV_PER_ENERGY_UNIT,
+    EV_PER_KCAL_PER_MOL,
+    PLAUSIBLE_FORCE_RMS_EV_PER_A,
+    energy_unit,
+    length_unit,
+)
 
 from workbench.datacard import check_fields, load_card
 from workbench.errors import UserError, field_error
+from workbench.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
+
+#: File suffixes read through ase.
+ASE_SUFFIXES = (".xyz", ".extxyz", ".db", ".traj")
 
 
 @dataclass(frozen=True)
@@ -34,8 +56,138 @@ class LabelledSet:
     source: str
     #: Isolated-atom energies at the data's level of theory {element symbol: eV}, when its card gives them.
     isolated_atom_energies_ev: dict[str, float] = field(default_factory=dict)
+    #: What the reader decided and the user should know (units and where they came from, which labels were used).
+    notes: tuple[str, ...] = ()
 
 
+class BadFrames:
+    """Where a reader sends a bad frame: raised as `BadRecordError` (``policy`` "raise") or added to ``report`` with
+    a warning ("skip")."""
+
+    def __init__(self, report: SkipReport | None = None, policy: str = "raise"):
+        self.report = SkipReport() if report is None else report
+        self.policy = policy
+
+    def __call__(self, record: str, problem: str) -> None:
+        if self.policy == "raise":
+            raise BadRecordError(record, problem)
+        self.report.add(record, problem)
+        log.warning("skipped %s: %s", record, problem)
+
+
+def _record(path: Path, index: int) -> str:
+    return f"{path} [frame {index}]"
+
+
+def _label_problem(energy: Any, forces: np.ndarray, positions: np.ndarray, fields: tuple[str, str, str]) -> str | None:
+    """Why a frame's labels cannot be used, or None."""
+    e_field, f_field, r_field = fields
+    if not np.isfinite(energy):
+        return f"field '{e_field}': expected a finite energy, found {energy}"
+    if forces.shape != positions.shape:
+        return f"field '{f_field}': expected forces of shape {list(positions.shape)}, found {list(forces.shape)}"
+    if not np.isfinite(forces).all():
+        return f"field '{f_field}': expected finite forces, found {int((~np.isfinite(forces)).sum())} NaN/inf"
+    if not np.isfinite(positions).all():
+        return f"field '{r_field}': expected finite positions, found NaN/inf"
+    return None
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as content:
+            return {key: content[key] for key in content.files}
+    except Exception as error:
+        raise UserError(f"{path}: not a readable npz file ({error})") from None
+
+
+def _text(value: np.ndarray) -> str:
+    item = np.asarray(value).item() if np.asarray(value).size == 1 else np.asarray(value).tolist()
+    return item.decode() if isinstance(item, bytes) else str(item)
+
+
+# -- units ---------------------------------------------------------------------------------------------------------
+def resolve_energy_unit(
+    path: Path, field_name: str, in_file: str | None, given: str, default: str, why: str
+) -> tuple[str, str, bool]:
+    """(unit, where it came from, whether the user chose it) of a file's energies.
+
+    The user's ``--units`` wins (with a warning when the file says otherwise); then the file's own statement; then
+    the format's convention ``default`` (``why`` says whose).
+    """
+    stated = energy_unit(in_file, f"{path}: field '{field_name}'") if in_file else None
+    if given and given != "auto":
+        unit = energy_unit(given, "--units")
+        if stated and stated != unit:
+            log.warning("%s: the file says its energies are in %s; reading them in %s as --units says", path, stated, unit)
+        return unit, "from --units", True
+    if stated:
+        return stated, f"from the file's field '{field_name}'", False
+    return default, why, False
+
+
+def check_units(frames: list[Frame], path: Path, fields: tuple[str, str], unit: str, origin: str, chosen: bool) -> None:
+    """Refuse labels whose unit looks wrong (``chosen``: the user gave ``--units``, so only warn).
+
+    Two checks on the converted frames: the RMS force component must lie in `PLAUSIBLE_FORCE_RMS_EV_PER_A`; and where
+    consecutive frames are close (every atom within 0.05 Å), the energy change must match the trapezoid estimate of
+    the forces' work, ``ΔE ≈ -½ Σ (F_i + F_j)·(R_j - R_i)`` (least-squares ratio within 0.5 to 2).
+    """
+    e_field, f_field = fields
+    forces = np.concatenate([f.forces_ev_per_a.reshape(-1) for f in frames])
+    rms = float(np.sqrt(np.mean(forces**2)))
+    low, high = PLAUSIBLE_FORCE_RMS_EV_PER_A
+    problem = None
+    if rms > high or 0 < rms < low:
+        guess = _guess(rms / EV_PER_ENERGY_UNIT[unit], 1.0)
+        problem = (
+            f"{path}: field '{f_field}': forces read in {unit}/Å ({origin}) have an RMS component of {rms:.3g} eV/Å; "
+            f"molecules show about {low:g} to {high:g} eV/Å. The numbers look like {guess}/Å: give --units {guess}"
+        )
+    ratio = _energy_force_ratio(frames)
+    if problem is None and ratio is not None and not 0.5 < ratio < 2.0:
+        guess = _guess(EV_PER_ENERGY_UNIT[unit] / ratio, 1.0, per_unit=True)
+        problem = (
+            f"{path}: field '{e_field}': energy changes between neighbouring frames are {ratio:.3g} times the work of "
+            f"the forces (field '{f_field}', read in {unit}/Å, {origin}); the energies look like {guess} while the "
+            f"forces are in {unit}/Å: convert one of them"
+        )
+    if problem is None:
+        return
+    if chosen:
+        log.warning("%s (kept: --units given)", problem)
+        return
+    raise UserError(f"{problem} (or --units {unit} if {unit} is right)")
+
+
+def _guess(value: float, target: float, per_unit: bool = False) -> str:
+    """The energy unit in which raw numbers of size ``value`` come closest to ``target`` eV (``per_unit``: the unit
+    closest to being worth ``value`` eV)."""
+    if per_unit:
+        scores = {u: abs(np.log(ev / value)) for u, ev in EV_PER_ENERGY_UNIT.items()}
+    else:
+        scores = {u: abs(np.log(value * ev / target)) for u, ev in EV_PER_ENERGY_UNIT.items()}
+    return min(scores, key=scores.get)
+
+
+def _energy_force_ratio(frames: list[Frame], max_step_a: float = 0.05, min_pairs: int = 5) -> float | None:
+    """Least-squares ratio of ΔE to the trapezoid work estimate over close consecutive frames, or None (too few)."""
+    de, work = [], []
+    for a, b in zip(frames[:-1], frames[1:]):
+        if len(a.atomic_numbers) != len(b.atomic_numbers) or (a.atomic_numbers != b.atomic_numbers).any():
+            continue
+        step = b.positions_a - a.positions_a
+        if np.abs(step).max() >= max_step_a:
+            continue
+        de.append(b.energy_ev - a.energy_ev)
+        work.append(-0.5 * float(((a.forces_ev_per_a + b.forces_ev_per_a) * step).sum()))
+    de, work = np.array(de), np.array(work)
+    if len(de) < min_pairs or not (work**2).sum() > 0:
+        return None
+    return float((de * work).sum() / (work**2).sum())
+
+
+# -- rMD17 ---------------------------------------------------------------------------------------------------------
 def find_rmd17_npz(path: str | Path, molecule: str) -> Path:
     """The npz of ``molecule`` given the npz itself, the ``npz_data`` folder or the rMD17 root."""
     path = Path(path)
@@ -53,7 +205,9 @@ def find_rmd17_npz(path: str | Path, molecule: str) -> Path:
     )
 
 
-def read_rmd17(path: str | Path, molecule: str = "ethanol", split: int = 1, card: str = "rmd17") -> LabelledSet:
+def read_rmd17(
+    path: str | Path, molecule: str = "ethanol", split: int = 1, card: str = "rmd17", bad: BadFrames | None = None
+) -> LabelledSet:
     """Read one rMD17 molecule and its official split, converting to eV and eV/Å.
 
     Args:
@@ -61,25 +215,32 @@ def read_rmd17(path: str | Path, molecule: str = "ethanol", split: int = 1, card
         molecule: used when ``path`` is a folder.
         split: which ``index_{train,test}_0<split>.csv`` pair to use (rMD17 ships 1 to 5).
         card: the data card the file is checked against.
+        bad: where bad frames go (default: raised); their indices leave the split.
     """
+    bad = bad or BadFrames()
     npz_path = find_rmd17_npz(path, molecule)
-    try:
-        with np.load(npz_path) as content:
-            arrays = {key: content[key] for key in content.files}
-    except Exception as error:
-        raise UserError(f"{npz_path}: not a readable npz file ({error})") from None
+    arrays = _load_npz(npz_path)
     data_card = load_card(card)
     sizes = check_fields(data_card, npz_path, arrays)
     numbers = arrays["nuclear_charges"].astype(np.int64)
     energies_ev = arrays["energies"].astype(np.float64) * EV_PER_KCAL_PER_MOL
     forces_ev_per_a = arrays["forces"].astype(np.float64) * EV_PER_KCAL_PER_MOL
-    frames = [
-        Frame(numbers, arrays["coords"][i].astype(np.float64), float(energies_ev[i]), forces_ev_per_a[i])
-        for i in range(sizes["n_frames"])
-    ]
+    kept: dict[int, int] = {}  # file frame index -> index in frames
+    frames = []
+    bad.report.seen += sizes["n_frames"]
+    for i in range(sizes["n_frames"]):
+        positions = arrays["coords"][i].astype(np.float64)
+        problem = _label_problem(energies_ev[i], forces_ev_per_a[i], positions, ("energies", "forces", "coords"))
+        if problem:
+            bad(_record(npz_path, i), problem)
+            continue
+        kept[i] = len(frames)
+        frames.append(Frame(numbers, positions, float(energies_ev[i]), forces_ev_per_a[i]))
+    if not frames:
+        raise UserError(f"{npz_path}: no usable frame (every frame is bad, see above)")
     splits_dir = npz_path.parent.parent / "splits"
-    train = _read_split(splits_dir / f"index_train_{split:02d}.csv", len(frames))
-    test = _read_split(splits_dir / f"index_test_{split:02d}.csv", len(frames))
+    train = _read_split(splits_dir / f"index_train_{split:02d}.csv", sizes["n_frames"])
+    test = _read_split(splits_dir / f"index_test_{split:02d}.csv", sizes["n_frames"])
     overlap = np.intersect1d(train, test)
     if overlap.size:
         raise field_error(
@@ -90,10 +251,11 @@ def read_rmd17(path: str | Path, molecule: str = "ethanol", split: int = 1, card
         )
     return LabelledSet(
         frames,
-        train,
-        test,
+        np.array([kept[i] for i in train if i in kept], dtype=np.int64),
+        np.array([kept[i] for i in test if i in kept], dtype=np.int64),
         source=str(npz_path),
         isolated_atom_energies_ev=dict(data_card.content.get("isolated_atom_energies_ev", {})),
+        notes=("energy unit kcal/mol (rMD17 as published)",),
     )
 
 
@@ -114,61 +276,58 @@ def _read_split(path: Path, n_frames: int) -> np.ndarray:
     return indices
 
 
-def read_extxyz(path: str | Path, energy_key: str = "REF_energy", forces_key: str = "REF_forces") -> list[Frame]:
-    """Read labelled frames from an extended-XYZ file (MACE's keys, or a calculator's results) [eV, eV/Å]."""
-    import ase.io
+# -- sGDML npz -----------------------------------------------------------------------------------------------------
+def is_sgdml(arrays: Mapping[str, np.ndarray]) -> bool:
+    return {"R", "z", "F"} <= set(arrays)
 
+
+def read_sgdml(path: str | Path, units: str = "", seed: int = 0, bad: BadFrames | None = None) -> LabelledSet:
+    """Read an sGDML dataset npz (MD17, MD22, ...) into eV, Å and eV/Å, split at random in half (seeded).
+
+    Shapes in the file: ``R`` (n_frames, n_atoms, 3) [``r_unit``, default Å], ``E`` (n_frames,) or (n_frames, 1)
+    [``e_unit``, default kcal/mol: sGDML's published datasets], ``F`` (n_frames, n_atoms, 3) [e_unit/r_unit],
+    ``z`` (n_atoms,). ``units`` (``--units``) overrides the energy unit.
+    """
+    bad = bad or BadFrames()
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    try:
-        structures = ase.io.read(path, index=":")
-    except Exception as error:
-        raise UserError(f"{path}: not a readable extended-XYZ file ({error})") from None
-    frames = [frame_from_atoms(atoms, path, index, energy_key, forces_key) for index, atoms in enumerate(structures)]
-    if not frames:
-        raise UserError(f"{path}: holds no frames")
-    return frames
-
-
-def frame_from_atoms(
-    atoms, path: str | Path, index: int, energy_key: str = "REF_energy", forces_key: str = "REF_forces"
-) -> Frame:
-    """A labelled `Frame` from an ``ase.Atoms`` read from ``path`` (frame ``index``), checked."""
-    energy, forces = atoms.info.get(energy_key), atoms.arrays.get(forces_key)
-    if (energy is None or forces is None) and atoms.calc is not None:
-        energy = energy if energy is not None else atoms.calc.results.get("energy")
-        forces = forces if forces is not None else atoms.calc.results.get("forces")
-    if energy is None:
+    arrays = _load_npz(path)
+    sizes = check_fields(load_card("sgdml"), path, arrays, names=["z", "R", "F"])
+    if "E" not in arrays:
+        raise field_error(path, "E", "a field 'E' (energies, shape [n_frames] or [n_frames, 1])", f"only {sorted(arrays)}")
+    energies = np.asarray(arrays["E"])
+    if energies.dtype.kind != "f" or energies.reshape(len(energies), -1).shape != (sizes["n_frames"], 1):
         raise field_error(
-            path, energy_key, f"an energy [eV] in frame {index} (info '{energy_key}' or a calculator energy)", "none"
-        )
-    if forces is None:
-        raise field_error(
-            path, forces_key, f"forces [eV/Å] in frame {index} (arrays '{forces_key}' or calculator forces)", "none"
-        )
-    forces = np.asarray(forces, dtype=np.float64)
-    if not np.isfinite(energy):
-        raise field_error(path, energy_key, f"a finite energy in frame {index}", str(energy))
-    if not np.isfinite(forces).all():
-        raise field_error(path, forces_key, f"finite forces in frame {index}", "NaN or inf")
-    return Frame(atoms.get_atomic_numbers(), atoms.get_positions(), float(energy), forces)
+            path, "E", f"float energies of shape [{sizes['n_frames']}] or [{sizes['n_frames']}, 1]",
+            f"{energies.dtype} of shape {list(energies.shape)}",
+        )  # fmt: skip
+    unit, origin, chosen = resolve_energy_unit(
+        path, "e_unit", _text(arrays["e_unit"]) if "e_unit" in arrays else None, units, "kcal/mol",
+        "sGDML's datasets' convention: the file has no 'e_unit'",
+    )  # fmt: skip
+    r_unit = length_unit(_text(arrays["r_unit"]), f"{path}: field 'r_unit'") if "r_unit" in arrays else "Ang"
+    to_a, to_ev = ANGSTROM_PER_LENGTH_UNIT[r_unit], EV_PER_ENERGY_UNIT[unit]
+    numbers = arrays["z"].astype(np.int64)
+    frames = []
+    bad.report.seen += sizes["n_frames"]
+    for i in range(sizes["n_frames"]):
+        positions = arrays["R"][i].astype(np.float64) * to_a
+        energy = float(energies.reshape(-1)[i]) * to_ev
+        forces = arrays["F"][i].astype(np.float64) * (to_ev / to_a)
+        problem = _label_problem(energy, forces, positions, ("E", "F", "R"))
+        if problem:
+            bad(_record(path, i), problem)
+            continue
+        frames.append(Frame(numbers, positions, energy, forces))
+    check_units(frames, path, ("E", "F"), unit, origin, chosen)
+    described = ", ".join(f"{key} {_text(arrays[key])!r}" for key in ("name", "theory") if key in arrays)
+    notes = (f"sGDML dataset{f' ({described})' if described else ''}", f"energy unit {unit} ({origin})",
+             f"length unit {r_unit}")  # fmt: skip
+    return _split_in_half(frames, path, seed, notes)
 
 
-def read_extxyz_set(path: str | Path, seed: int = 0) -> LabelledSet:
-    """A folder with MACE's ``train.xyz`` + ``test.xyz``, or one file split at random in half (seeded)."""
-    path = Path(path)
-    if path.is_dir():
-        train_file, test_file = path / "train.xyz", path / "test.xyz"
-        if not (train_file.is_file() and test_file.is_file()):
-            raise UserError(f"{path}: expected train.xyz and test.xyz in this folder (or give one .xyz file)")
-        train, test = read_extxyz(train_file), read_extxyz(test_file)
-        return LabelledSet(
-            train + test, np.arange(len(train)), np.arange(len(train), len(train) + len(test)), str(path)
-        )
-    frames = read_extxyz(path)
+def _split_in_half(frames: list[Frame], path: Path, seed: int, notes: tuple[str, ...]) -> LabelledSet:
     if len(frames) < 4:
-        raise UserError(f"{path}: {len(frames)} frames are too few to split into train and test")
+        raise UserError(f"{path}: {len(frames)} usable frames are too few to split into train and test")
     order = np.random.default_rng(seed).permutation(len(frames))
     half = len(frames) // 2
     log.warning(
@@ -178,4 +337,136 @@ def read_extxyz_set(path: str | Path, seed: int = 0) -> LabelledSet:
         len(frames) - half,
         seed,
     )
-    return LabelledSet(frames, np.sort(order[:half]), np.sort(order[half:]), str(path))
+    return LabelledSet(frames, np.sort(order[:half]), np.sort(order[half:]), str(path), notes=notes)
+
+
+# -- files ase reads -----------------------------------------------------------------------------------------------
+def _find_label(atoms, extras: Mapping[str, Mapping[str, Any]], key: str, kind: str) -> tuple[Any, str | None]:
+    """(value, where it was found) of the energy (``kind`` "energy") or forces of one frame, or (None, None).
+
+    With ``key`` "" the calculator's results come first, then MACE's ``REF_energy`` / ``REF_forces``, then an ase
+    database row's ``data`` (schnetpack's layout); with a key, that name in the frame's info/arrays, the row's
+    key-value pairs and data, and the calculator's results.
+    """
+    results = atoms.calc.results if atoms.calc is not None else {}
+    per_frame = atoms.info if kind == "energy" else atoms.arrays
+    per_frame_name = "info" if kind == "energy" else "arrays"
+    if key:
+        places = [(per_frame_name, per_frame, key), *((name, table, key) for name, table in extras.items()),
+                  ("calculator results", results, key)]  # fmt: skip
+    else:
+        ref = "REF_energy" if kind == "energy" else "REF_forces"
+        places = [("calculator results", results, kind), (per_frame_name, per_frame, ref),
+                  *((name, table, kind) for name, table in extras.items())]  # fmt: skip
+    for name, table, label in places:
+        if label in table and table[label] is not None:
+            return table[label], f"{name} '{label}'"
+    return None, None
+
+
+def _ase_frames(path: Path):
+    """(atoms, extra label tables, file units {"energy": ..., "length": ...}) of every frame of ``path``."""
+    if path.suffix == ".db":
+        import ase.db
+
+        try:
+            database = ase.db.connect(path, type="db")
+            metadata = database.metadata
+            rows = list(database.select())
+        except Exception as error:
+            raise UserError(f"{path}: not a readable ase database ({error})") from None
+        units = dict(metadata.get("_property_unit_dict", {}))
+        units = {"energy": units.get("energy"), "length": metadata.get("_distance_unit")}
+        return [(row.toatoms(), {"row key-value pairs": row.key_value_pairs, "row data": row.data or {}}) for row in rows], units
+    import ase.io
+
+    try:
+        structures = ase.io.read(path, index=":")
+    except Exception as error:
+        raise UserError(f"{path}: not a file ase can read ({error})") from None
+    return [(atoms, {}) for atoms in structures], {"energy": None, "length": None}
+
+
+def read_ase(
+    path: str | Path,
+    energy_key: str = "",
+    forces_key: str = "",
+    units: str = "",
+    bad: BadFrames | None = None,
+) -> tuple[list[Frame], tuple[str, ...]]:
+    """Labelled frames [eV, Å, eV/Å] of a file ase reads (extxyz, ``.db``, ``.traj``), and notes saying which labels
+    and units were used. ``energy_key`` / ``forces_key`` name the labels (default: see `_find_label`); energies are
+    in eV (ase's convention) unless the file's unit metadata or ``units`` says otherwise."""
+    bad = bad or BadFrames()
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    items, file_units = _ase_frames(path)
+    unit, origin, chosen = resolve_energy_unit(
+        path, "_property_unit_dict", file_units["energy"], units, "eV", "ase's convention: the file states no unit"
+    )
+    to_a = ANGSTROM_PER_LENGTH_UNIT[length_unit(file_units["length"], str(path))] if file_units["length"] else 1.0
+    to_ev = EV_PER_ENERGY_UNIT[unit]
+    frames, used = [], Counter()
+    bad.report.seen += len(items)
+    for index, (atoms, extras) in enumerate(items):
+        energy, e_from = _find_label(atoms, extras, energy_key, "energy")
+        forces, f_from = _find_label(atoms, extras, forces_key, "forces")
+        e_field, f_field = energy_key or "energy", forces_key or "forces"
+        if energy is None or forces is None:
+            missing = [name for name, value in ((f"energy '{e_field}'", energy), (f"forces '{f_field}'", forces)) if value is None]
+            bad(_record(path, index), f"no {' and no '.join(missing)} (looked in {_looked(energy_key, forces_key)})")
+            continue
+        positions = atoms.get_positions() * to_a
+        energy = float(np.asarray(energy, dtype=np.float64).reshape(-1)[0]) * to_ev
+        forces = np.asarray(forces, dtype=np.float64).reshape(-1, 3) * (to_ev / to_a)
+        problem = _label_problem(energy, forces, positions, (e_field, f_field, "positions"))
+        if problem:
+            bad(_record(path, index), problem)
+            continue
+        used[(e_from, f_from)] += 1
+        frames.append(Frame(atoms.get_atomic_numbers(), positions, energy, forces))
+    if not frames:
+        raise UserError(f"{path}: no frame with an energy and forces ({_looked(energy_key, forces_key)}); "
+                        "name the labels with --energy-key / --forces-key")  # fmt: skip
+    check_units(frames, path, (energy_key or "energy", forces_key or "forces"), unit, origin, chosen)
+    labels = "; ".join(f"energy from {e}, forces from {f} ({n} frames)" for (e, f), n in used.items())
+    return frames, (f"labels: {labels}", f"energy unit {unit} ({origin})")
+
+
+def _looked(energy_key: str, forces_key: str) -> str:
+    if energy_key or forces_key:
+        return f"keys --energy-key {energy_key or '(auto)'} / --forces-key {forces_key or '(auto)'}"
+    return "calculator results, MACE's REF_energy/REF_forces, ase database row data"
+
+
+def frame_from_atoms(atoms, path: str | Path, index: int) -> Frame:
+    """A labelled `Frame` from an ``ase.Atoms`` read from ``path`` (frame ``index``) in eV; a bad frame raises."""
+    energy, _ = _find_label(atoms, {}, "", "energy")
+    forces, _ = _find_label(atoms, {}, "", "forces")
+    if energy is None or forces is None:
+        raise BadRecordError(_record(Path(path), index), "no energy or forces (calculator results or REF_energy/REF_forces)")
+    forces = np.asarray(forces, dtype=np.float64)
+    problem = _label_problem(float(energy), forces, atoms.get_positions(), ("energy", "forces", "positions"))
+    if problem:
+        raise BadRecordError(_record(Path(path), index), problem)
+    return Frame(atoms.get_atomic_numbers(), atoms.get_positions(), float(energy), forces)
+
+
+def read_ase_set(
+    path: str | Path, seed: int = 0, energy_key: str = "", forces_key: str = "", units: str = "",
+    bad: BadFrames | None = None,
+) -> LabelledSet:  # fmt: skip
+    """A folder with MACE's ``train.xyz`` + ``test.xyz``, or one file ase reads split at random in half (seeded)."""
+    path = Path(path)
+    keys = dict(energy_key=energy_key, forces_key=forces_key, units=units, bad=bad)
+    if path.is_dir():
+        train_file, test_file = path / "train.xyz", path / "test.xyz"
+        if not (train_file.is_file() and test_file.is_file()):
+            raise UserError(f"{path}: expected train.xyz and test.xyz in this folder (or give one file)")
+        (train, notes), (test, _) = read_ase(train_file, **keys), read_ase(test_file, **keys)
+        return LabelledSet(
+            train + test, np.arange(len(train)), np.arange(len(train), len(train) + len(test)), str(path), notes=notes
+        )
+    frames, notes = read_ase(path, **keys)
+    return _split_in_half(frames, path, seed, notes)

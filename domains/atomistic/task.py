@@ -25,11 +25,21 @@ from mace.modules import WeightedEnergyForcesLoss
 from torch import nn
 from workbench.domains.atomistic import plots
 from workbench.domains.atomistic.frames import check_elements, collate, predict, to_graphs
-from workbench.domains.atomistic.readers import LabelledSet, read_extxyz_set, read_rmd17
+from workbench.domains.atomistic.readers import (
+    ASE_SUFFIXES,
+    BadFrames,
+    LabelledSet,
+    is_sgdml,
+    read_ase_set,
+    read_rmd17,
+    read_sgdml,
+)
+from workbench.domains.atomistic.units import EV_PER_ENERGY_UNIT
 from workbench.models.mace import atomic_numbers_of, set_atomic_energies, to_cueq
 
 from workbench.errors import UserError
 from workbench.options import Option
+from workbench.records import SkipReport
 from workbench.registry import tasks
 from workbench.task import Evaluation, Task, TaskData
 
@@ -76,6 +86,15 @@ def read_e0s_file(path: str | Path, needed: Sequence[int]) -> dict[int, float]:
     return e0s
 
 
+def _is_sgdml_file(path: Path) -> bool:
+    """Whether the npz at ``path`` holds sGDML's fields (R, z, F) rather than rMD17's."""
+    try:
+        with np.load(path, allow_pickle=False) as content:
+            return is_sgdml(dict.fromkeys(content.files))
+    except Exception as error:
+        raise UserError(f"{path}: not a readable npz file ({error})") from None
+
+
 @tasks.register
 class Rmd17(Task):
     """rMD17-style fine-tuning of a MACE foundation potential (energies and forces)."""
@@ -83,7 +102,7 @@ class Rmd17(Task):
     name = "rmd17"
     description = "Fine-tune a MACE foundation potential (GFN2-xTB) on PBE/def2-SVP frames of a molecule, rMD17 layout"
     card = "rmd17-embedded"
-    reads = ("rmd17",)
+    reads = ("rmd17", "sgdml", "ase-frames")
     requires = ("mace", "e3nn", "ase")
     extra = "atomistic"
     default_model = "mace"
@@ -103,11 +122,36 @@ class Rmd17(Task):
         "workbench adapt --domain rmd17 --data ~/rmd17 --molecule aspirin --model MACE-OFF23_medium.model "
         "--trust-checkpoint",
         "workbench evaluate --run runs/x --data ~/rmd17/npz_data/rmd17_ethanol.npz",
+        "workbench adapt --domain rmd17 --data ~/md17/md17_ethanol.npz          # sGDML npz (MD17, MD22), kcal/mol",
+        "workbench data check rmd17 --data frames.db --energy-key energy --units kcal/mol   # ase .db / .traj / extxyz",
         "workbench data generate rmd17 --out my_rmd17 --molecules ethanol --frames 20 --level dft",
     )
     options = (
         Option("molecule", str, "ethanol", "molecule of the rMD17 folder to adapt to"),
         Option("split", int, 1, "which rMD17 split (index_{train,test}_0K.csv, K = 1..5)"),
+        Option(
+            "units",
+            str,
+            "auto",
+            "energy unit of the data's energies and forces (forces in unit/Å), for sGDML npz and files ase reads: "
+            "auto is the file's own statement, else kcal/mol for sGDML npz and eV for ase files; a unit given here "
+            "overrides the file and the plausibility check of the force magnitudes",
+            choices=("auto", *EV_PER_ENERGY_UNIT),
+        ),
+        Option(
+            "energy_key",
+            str,
+            "",
+            "name of the energy label in an extxyz / .db / .traj file (default: the calculator's energy, then "
+            "REF_energy, then a database row's data 'energy')",
+        ),
+        Option(
+            "forces_key",
+            str,
+            "",
+            "name of the forces label in an extxyz / .db / .traj file (default: the calculator's forces, then "
+            "REF_forces, then a database row's data 'forces')",
+        ),
         Option(
             "e0s",
             str,
@@ -147,12 +191,27 @@ class Rmd17(Task):
         return to_cueq(model) if self.config["backend"] == "cueq" else model
 
     def read(self, data: str | Path | None, seed: int = 0) -> LabelledSet:
+        """Read labelled frames: the embedded default, an rMD17 folder or npz, an sGDML npz, or a file ase reads
+        (``.xyz``, ``.extxyz``, ``.db``, ``.traj``; a folder with ``train.xyz`` + ``test.xyz``). Records are frames;
+        ``self.skipped`` holds the bad ones and counts every frame looked at."""
+        self.skipped = SkipReport()
+        bad = BadFrames(self.skipped, self.config["on_bad_record"])
+        units, keys = self.config["units"], {k: self.config[k] for k in ("energy_key", "forces_key")}
         if data is None:
-            return read_rmd17(EMBEDDED, self.config["molecule"], self.config["split"], card="rmd17-embedded")
-        path = Path(data)
-        if path.suffix in (".xyz", ".extxyz") or (path.is_dir() and (path / "train.xyz").is_file()):
-            return read_extxyz_set(path, seed)
-        return read_rmd17(path, self.config["molecule"], self.config["split"])
+            raw = read_rmd17(EMBEDDED, self.config["molecule"], self.config["split"], card="rmd17-embedded", bad=bad)
+        else:
+            path = Path(data)
+            if path.suffix.lower() in ASE_SUFFIXES or (path.is_dir() and (path / "train.xyz").is_file()):
+                raw = read_ase_set(path, seed, units=units, bad=bad, **keys)
+            elif path.suffix.lower() == ".npz" and path.is_file() and _is_sgdml_file(path):
+                raw = read_sgdml(path, units=units, seed=seed, bad=bad)
+            else:
+                if units not in ("auto", "kcal/mol"):
+                    raise UserError(f"{path}: rMD17 files are in kcal/mol as published; --units {units} does not apply")
+                raw = read_rmd17(path, self.config["molecule"], self.config["split"], bad=bad)
+        for note in raw.notes:
+            log.info("%s: %s", raw.source, note)
+        return raw
 
     def prepare(
         self, model: nn.Module, raw: LabelledSet, train_size: int, val_size: int, seed: int
@@ -181,7 +240,7 @@ class Rmd17(Task):
         set_atomic_energies(model, e0s)
         summary = {
             "source": raw.source,
-            "molecule": self.config["molecule"] if raw.source.endswith(".npz") else None,
+            "molecule": self.config["molecule"] if Path(raw.source).name.startswith("rmd17_") else None,
             "frames": {"train": len(train), "val": len(val), "test": len(test)},
         }
         data = TaskData(
@@ -257,7 +316,9 @@ class Rmd17(Task):
             counts[int(z)] = counts.get(int(z), 0) + 1
         lines = [
             f"source: {raw.source}",
-            f"frames: {len(frames)} (train split {len(raw.train_indices)}, test split {len(raw.test_indices)})",
+            *raw.notes,
+            f"frames: {len(frames)} usable of {self.skipped.seen} read (train split {len(raw.train_indices)}, "
+            f"test split {len(raw.test_indices)})",
             f"atoms per frame: {len(frames[0].atomic_numbers)} (first frame; atomic numbers {counts})",
             f"energy: mean {energies.mean():.4f} eV, spread (std) {energies.std() * 1000:.1f} meV",
             f"forces: mean |F| component {np.abs(forces).mean() * 1000:.1f} meV/Å, max {np.abs(forces).max():.3f} eV/Å",
