@@ -76,6 +76,7 @@ def test_an_emptied_annotation_and_a_truncated_record_are_reported_not_dropped(t
     assert not out_dir.exists()
 
 
+@pytest.mark.slow  # PhysioPFM and its six baselines, one epoch each: minutes on 2 shared cores
 def test_default_adapt_then_predict_on_the_real_record(tmp_path, capsys):
     folder = real_site(tmp_path / "mitdb")
     named_copy(folder, "105")
