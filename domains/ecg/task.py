@@ -15,7 +15,12 @@ Data:
   folds 1–5 train (~33 records), 6–7 validation (~13), 8–10 test (~18);
 - ``--data FOLDER``: a folder in PTB-XL's published layout (``ptbxl_database.csv``, ``scp_statements.csv``,
   ``records100/``, ``records500/``); the whole dataset is the target, split by its recommended folds (1–8
-  train, 9 validation, 10 test; `PTBXL_FOLDS`). ``--target-site`` is ignored there.
+  train, 9 validation, 10 test; `PTBXL_FOLDS`). ``--target-site`` is ignored there;
+- ``--data FOLDER`` without ``ptbxl_database.csv``: PhysioNet/CinC Challenge 2021 records (``<name>.hea`` +
+  ``<name>.mat`` anywhere below the folder, SNOMED CT codes in ``# Dx:``), labelled with the superclasses by
+  `readers.SNOMED_SUPERCLASSES`; records none of whose codes maps to a superclass are counted and not used.
+  CinC 2021 has no folds and no patient ids: the records are split at random by record, seeded by ``--seed``
+  (`CINC_SPLIT`: 60 % train, 20 % validation, 20 % test).
 
 Records are preprocessed for the model (`PREPROCESSING`: 1–47 Hz zero-phase band-pass, per-lead z-score,
 100 Hz, the first 1000 samples). Bad records are skipped and listed in the log (``--on-bad-record raise``
@@ -49,6 +54,7 @@ from workbench.domains.ecg.readers import (
     PTBXL_FOLDS,
     SUPERCLASSES,
     EcgSet,
+    read_cinc2021,
     read_embedded,
     read_ptbxl,
     read_record,
@@ -72,6 +78,8 @@ SOURCE_SITES: tuple[str, ...] = ("0",)
 DEFAULT_TARGET_SITE = "1"
 #: Split within one embedded target site (64 records): PTB-XL's 1–8 / 9 / 10 would leave 6 test records.
 EMBEDDED_FOLDS: dict[str, tuple[int, ...]] = {"train": (1, 2, 3, 4, 5), "val": (6, 7), "test": (8, 9, 10)}
+#: Fractions of a CinC 2021 folder (no folds, no patient ids) in each split, drawn at random by record.
+CINC_SPLIT: dict[str, float] = {"train": 0.6, "val": 0.2, "test": 0.2}
 
 
 @dataclass
@@ -104,9 +112,9 @@ class PtbXl(Task):
 
     name = "ptbxl"
     precisions = ("float32", "bf16", "fp16")  # bf16 / fp16: mixed-precision training steps
-    description = "Adapt a pretrained 12-lead ECG classifier (NORM/MI/STTC/CD/HYP) to a new site; PTB-XL layout"
+    description = "Adapt a pretrained 12-lead ECG classifier (NORM/MI/STTC/CD/HYP) to a new site; PTB-XL or CinC 2021 records"
     card = "ptbxl-synthetic"
-    reads = ("ptbxl",)
+    reads = ("ptbxl", "cinc2021")
     requires = ("wfdb", "scipy", "sklearn", "pandas")
     extra = "ecg"
     default_model = "ecg"
@@ -135,6 +143,7 @@ class PtbXl(Task):
     examples = (
         "workbench adapt --domain ptbxl                          # H-Tuning, full, LoRA, a distilled student",
         "workbench adapt --domain ptbxl --data ~/ptb-xl --out runs/ptbxl",
+        "workbench adapt --domain ptbxl --data ~/challenge-2021/training/georgia   # CinC 2021 .hea + .mat",
         "workbench predict --run runs/ptbxl --input new_records/ --output predictions.csv",
     )
     options = (
@@ -161,26 +170,49 @@ class PtbXl(Task):
             description = f"embedded synthetic PTB-XL, target site {site} (folds 1-5 / 6-7 / 8-10)"
         else:
             path = Path(data)
-            if not (path / "ptbxl_database.csv").is_file():
-                raise UserError(
-                    f"{path}: expected a folder in PTB-XL's layout (ptbxl_database.csv, scp_statements.csv, "
-                    "records100/, records500/)"
+            records = self._read_folder(path)
+            source = str(path)
+            if records.folds is None:
+                splits = _random_split(records, seed)
+                sizes = "/".join(str(len(splits[name])) for name in CINC_SPLIT)
+                description = (
+                    f"CinC 2021 records at {path}: no folds, split at random by record with seed {seed} "
+                    f"(train/val/test {sizes})"
                 )
-            records = read_ptbxl(
-                path, PREPROCESSING, on_error=self.config["on_bad_record"], card="ptbxl", progress=self.progress
-            )
-            splits = records.split(PTBXL_FOLDS)
-            source, description = str(path), f"PTB-XL layout at {path} (folds 1-8 / 9 / 10)"
-            outside = len(records) - sum(len(part) for part in splits.values())
-            if outside:
-                log.warning("%s: %d record(s) have a strat_fold outside 1-10 and are not used", path, outside)
+            else:
+                splits = records.split(PTBXL_FOLDS)
+                description = f"PTB-XL layout at {path} (folds 1-8 / 9 / 10)"
+                outside = len(records) - sum(len(part) for part in splits.values())
+                if outside:
+                    log.warning("%s: %d record(s) have a strat_fold outside 1-10 and are not used", path, outside)
+            if records.unlabelled:
+                description += f"; {len(records.unlabelled)} record(s) without a superclass not used"
         if records.unlabelled:
-            log.info("%d record(s) have no superclass among %s and are not used", len(records.unlabelled), SUPERCLASSES)
+            log.warning(
+                "%d record(s) have no superclass among %s and are not used: %s",
+                len(records.unlabelled),
+                SUPERCLASSES,
+                ", ".join(records.unlabelled[:10]) + (" ..." if len(records.unlabelled) > 10 else ""),
+            )
         self.skipped = records.skipped
         for name in ("train", "val", "test"):
             if len(splits[name]) == 0:
                 raise UserError(f"{source}: the {name} split has no usable record")
         return EcgSplits(splits["train"], splits["val"], splits["test"], source, description)
+
+    def _read_folder(self, path: Path) -> EcgSet:
+        """``path`` in PTB-XL's layout (``ptbxl_database.csv`` there) or as CinC 2021 records (``*.hea`` below)."""
+        on_error = self.config["on_bad_record"]
+        if (path / "ptbxl_database.csv").is_file():
+            return read_ptbxl(path, PREPROCESSING, on_error=on_error, card="ptbxl", progress=self.progress)
+        if path.is_dir() and next(path.rglob("*.hea"), None) is not None:
+            return read_cinc2021(
+                path, PREPROCESSING, classes=SUPERCLASSES, on_error=on_error, card="cinc2021", progress=self.progress
+            )
+        raise UserError(
+            f"{path}: expected a folder in PTB-XL's layout (ptbxl_database.csv, scp_statements.csv, records100/, "
+            "records500/) or PhysioNet/CinC 2021 records (<name>.hea + <name>.mat with '# Dx:' codes)"
+        )
 
     def model_sizes(self) -> dict[str, Any]:
         """The five superclasses (the model family checks a checkpoint against them)."""
@@ -308,24 +340,28 @@ class PtbXl(Task):
     def info(self, data: str | Path | None) -> str:
         """Every record the run would read, opened and checked (bad ones into ``self.skipped``); classes, sites,
         folds and the records left out for having no superclass."""
-        on_error = self.config["on_bad_record"]
-        records = (
-            read_embedded(PREPROCESSING, on_error=on_error)
-            if data is None
-            else read_ptbxl(data, PREPROCESSING, on_error=on_error, card="ptbxl", progress=self.progress)
-        )
+        if data is None:
+            records = read_embedded(PREPROCESSING, on_error=self.config["on_bad_record"])
+        else:
+            records = self._read_folder(Path(data))
         self.skipped = records.skipped
-        folds = {} if records.folds is None else dict(sorted(Counter(records.folds.tolist()).items()))
-        split = {name: int(np.isin(records.folds, list(numbers)).sum()) for name, numbers in PTBXL_FOLDS.items()}
+        if records.folds is None:
+            shares = ", ".join(f"{name} {share:.0%}" for name, share in CINC_SPLIT.items())
+            folds = f"folds: none (split at random by record, seeded by --seed: {shares})"
+        else:
+            counts = dict(sorted(Counter(records.folds.tolist()).items()))
+            split = {name: int(np.isin(records.folds, list(numbers)).sum()) for name, numbers in PTBXL_FOLDS.items()}
+            folds = f"folds: {counts}" + (f" (PTB-XL's split: {split})" if data is not None else "")
+        unlabelled = ", ".join(records.unlabelled[:10]) + (" ..." if len(records.unlabelled) > 10 else "")
         lines = [
             f"source: {records.source}",
             f"records: {len(records)} × {records.signals.shape[1]} leads × {records.signals.shape[2]} samples "
             f"at {records.sampling_rate_hz:g} Hz (after preprocessing)",
             f"classes: {records.class_counts()}",
             f"sites: {records.site_counts()}",
-            f"folds: {folds}" + (f" (PTB-XL's split: {split})" if data is not None else ""),
-            f"without a superclass (not used): {len(records.unlabelled)}",
-            records.skipped.summary(),
+            folds,
+            f"without a superclass (not used): {len(records.unlabelled)}" + (f" ({unlabelled})" if unlabelled else ""),
+            records.skipped.headline() if records.skipped else "no record skipped",
         ]
         return "\n".join(lines)
 
@@ -342,6 +378,15 @@ def _preprocessing(content: Mapping[str, Any]) -> EcgPreprocessing:
         content["bandpass_hz"] = tuple(content["bandpass_hz"])
     content["leads"] = tuple(content["leads"])
     return EcgPreprocessing(**content)
+
+
+def _random_split(records: EcgSet, seed: int) -> dict[str, EcgSet]:
+    """Records without folds split by `CINC_SPLIT` in a permutation seeded by ``seed`` (each part in file order)."""
+    order = np.random.default_rng(seed).permutation(len(records))
+    n_test = round(CINC_SPLIT["test"] * len(records))
+    n_val = round(CINC_SPLIT["val"] * len(records))
+    parts = {"test": order[:n_test], "val": order[n_test : n_test + n_val], "train": order[n_test + n_val :]}
+    return {name: records.subset(np.sort(parts[name])) for name in CINC_SPLIT}
 
 
 def _device(model: nn.Module) -> torch.device:
