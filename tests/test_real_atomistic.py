@@ -165,3 +165,10 @@ def test_default_method_at_default_settings_on_the_real_sgdml_npz(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["skipped_records"]["seen"] == 300
     assert metrics["method"] == "elora"
+
+
+def test_an_npz_of_neither_layout_is_refused_naming_both(tmp_path, capsys):
+    np.savez(tmp_path / "other.npz", positions=np.zeros((2, 3, 3)), energy=np.zeros(2))
+    assert _exit_code(["data", "check", "rmd17", "--data", str(tmp_path / "other.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "other.npz: fields ['energy', 'positions'] are neither rMD17's" in err and "sGDML's (R, E, F, z)" in err

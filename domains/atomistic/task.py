@@ -86,13 +86,21 @@ def read_e0s_file(path: str | Path, needed: Sequence[int]) -> dict[int, float]:
     return e0s
 
 
-def _is_sgdml_file(path: Path) -> bool:
-    """Whether the npz at ``path`` holds sGDML's fields (R, z, F) rather than rMD17's."""
+def _npz_layout(path: Path) -> str:
+    """"sgdml" or "rmd17": which published layout the npz at ``path`` has (by its fields)."""
     try:
         with np.load(path, allow_pickle=False) as content:
-            return is_sgdml(dict.fromkeys(content.files))
+            fields = set(content.files)
     except Exception as error:
         raise UserError(f"{path}: not a readable npz file ({error})") from None
+    if is_sgdml(dict.fromkeys(fields)):
+        return "sgdml"
+    if "nuclear_charges" in fields:
+        return "rmd17"
+    raise UserError(
+        f"{path}: fields {sorted(fields)} are neither rMD17's (nuclear_charges, coords, energies, forces) nor "
+        "sGDML's (R, E, F, z)"
+    )
 
 
 @tasks.register
@@ -203,7 +211,7 @@ class Rmd17(Task):
             path = Path(data)
             if path.suffix.lower() in ASE_SUFFIXES or (path.is_dir() and (path / "train.xyz").is_file()):
                 raw = read_ase_set(path, seed, units=units, bad=bad, **keys)
-            elif path.suffix.lower() == ".npz" and path.is_file() and _is_sgdml_file(path):
+            elif path.suffix.lower() == ".npz" and path.is_file() and _npz_layout(path) == "sgdml":
                 raw = read_sgdml(path, units=units, seed=seed, bad=bad)
             else:
                 if units not in ("auto", "kcal/mol"):
