@@ -72,6 +72,14 @@ def test_data_check_on_the_real_eegmmidb_runs_is_ok(capsys):
     assert "no record skipped" in out and f"ok: {MMIDB}" in out
 
 
+def test_one_subject_cannot_be_split_by_subject_and_the_error_names_the_way_out():
+    task = tasks.get("motor-imagery")()
+    task.progress = False
+    with pytest.raises(UserError, match=r"needs 3 subjects, the data have 1 \(S001\); the 3 record\(s\) can be held "
+                       r"out instead with --split-by record"):
+        task.read(str(MMIDB), 0)
+
+
 @pytest.fixture(scope="module")
 def mmidb_run(tmp_path_factory) -> Path:
     """The default method (LoRA on the shipped LaBraM), one epoch, the three runs of S001 held out run-wise."""
@@ -104,6 +112,17 @@ def test_predict_on_the_real_runs_gives_a_row_per_window(mmidb_run, tmp_path, ca
     assert len(per_record["S001R04"]) == 31 and len(per_record["S001R08"]) == 22  # 125 s and 90 s in 4 s windows
     assert all(r["status"] == "ok" and r["predicted"] in ("left_fist", "right_fist") for r in rows)
     assert len(rows) == 31 + 22 + 22
+
+
+def test_predict_reports_a_truncated_real_edf_in_its_row(mmidb_run, tmp_path):
+    folder = _copy(tmp_path)
+    cut = folder / "S001" / "S001R04.edf"
+    cut.write_bytes(cut.read_bytes()[:100_000])
+    record = workbench.predict(mmidb_run, folder, tmp_path / "predictions.csv")
+    assert record["failed"] == 1
+    assert record["per_record"]["S001/S001R04.edf"]["status"].startswith(
+        "error: truncated: the header says 125 data records"
+    )
 
 
 def test_a_truncated_real_edf_is_a_skipped_record_and_refused_with_raise(tmp_path, capsys):
@@ -167,10 +186,12 @@ def test_data_check_fails_on_the_real_hypnogram_alone(capsys):
 
 @pytest.mark.slow
 def test_the_default_motor_imagery_run_at_default_settings_on_the_real_runs(tmp_path, capsys):
-    """LoRA and the four default baselines, 20 epochs; S001's three runs held out run-wise (one subject only)."""
+    """LoRA and the four default baselines at the task's settings (20 epochs, patience 8), S001's three runs held out
+    run-wise (one subject only). The batch is 8, not the default 16: one run holds 15 left/right trials at most (10
+    in the cut runs), and a training set smaller than one batch is refused."""
     out = tmp_path / "run"
     code, text = _cli(capsys, "adapt", "--domain", "motor-imagery", "--data", MMIDB, "--split-by", "record",
-                      "--out", out)  # fmt: skip
+                      "--batch-size", "8", "--out", out)  # fmt: skip
     assert code == 0, text
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["baselines"]) == {"full", "readout", "full@eegnet", "full@shallow"}
