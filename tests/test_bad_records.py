@@ -4,6 +4,7 @@ damaged files in its own tests; here the engine's side, with a task whose reader
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,21 @@ def test_table_and_report_show_the_skipped_records():
     assert "1 of 4 record(s) skipped" in table
     after = next(line for line in table.splitlines() if line.startswith("m (chosen)"))
     assert after.split()[2:4] == ["0.50", "-"]  # a metric the data give none of is shown as "-"
+
+
+def test_a_default_batch_larger_than_the_data_shrinks_to_it_and_a_given_one_is_refused(tmp_path, caplog):
+    """A real data set can be smaller than a task's default batch (one EEGMMIDB run holds 15 trials)."""
+    from workbench.errors import UserError
+    from workbench.run import _fitted_batch_size
+
+    config = dataclasses.replace(_any_config(), batch_size=16)
+    assert _fitted_batch_size(config, 40, given=False).batch_size == 16
+    assert _fitted_batch_size(config, 10, given=False).batch_size == 10
+    with pytest.raises(UserError, match="--batch-size 16: the data give 10 training sample"):
+        _fitted_batch_size(config, 10, given=True)
+
+
+def _any_config():
+    from workbench.config import RunRequest, resolve_config
+
+    return resolve_config(RunRequest(domain="features", out="x"))[0]

@@ -136,7 +136,8 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
     for warning in warnings:
         log.warning(warning)
     out_dir = Path(config.out)
-    _check_out_dir(out_dir, config, resume)
+    # a default batch size may shrink to the data (`_fitted_batch_size`): the interrupted run wrote the fitted one
+    _check_out_dir(out_dir, config, resume, fitted=("batch_size",) if request.batch_size is None else ())
     if resume and (out_dir / "metrics.json").is_file():
         log.info("%s is complete; nothing to resume", out_dir)
         return Run.load(out_dir)
@@ -150,6 +151,7 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
         log.warning("%s", task.skipped.summary())
     base = cast(task.load_model(config.model, config.trust_checkpoint), task, config.precision)
     data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
+    config = _fitted_batch_size(config, len(data.train), request.batch_size is not None)
     bases = {None: (base, task_state)}  # the run's model, then every other model a baseline names (METHOD@MODEL)
     for entry in config.baselines:
         model_name = split_entry(entry)[1]
@@ -168,6 +170,24 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
         write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
     with _logging_to(out_dir / "log.txt" if rank == 0 else None):
         return _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank)
+
+
+def _fitted_batch_size(config: RunConfig, n_train: int, given: bool) -> RunConfig:
+    """The config with a batch size the training samples can fill: a default batch larger than a small data set
+    shrinks to it (with a warning); one the user gave is a `UserError`."""
+    world = distributed()[1]
+    if n_train >= config.batch_size * world:
+        return config
+    if given or n_train < world:
+        raise UserError(
+            f"--batch-size {config.batch_size}: the data give {n_train} training sample(s), fewer than one batch"
+            + (f" in each of {world} processes" if world > 1 else "")
+            + "; give a smaller --batch-size"
+        )
+    batch_size = n_train // world
+    log.warning("the data give %d training samples: batch size %d instead of the task's default %d", n_train,
+                batch_size, config.batch_size)  # fmt: skip
+    return dataclasses.replace(config, batch_size=batch_size)
 
 
 def _adapt_steps(
@@ -326,14 +346,17 @@ def _init_distributed(device: str) -> None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def _check_out_dir(out_dir: Path, config: RunConfig, resume: bool) -> None:
+def _check_out_dir(out_dir: Path, config: RunConfig, resume: bool, fitted: tuple[str, ...] = ()) -> None:
     saved = out_dir / "config.yaml"
     if resume:
         if not saved.is_file():
             raise UserError(f"{out_dir}: nothing to resume (no config.yaml); give the --out of an earlier run")
         earlier = yaml.safe_load(saved.read_text())
         now = config.to_dict()
-        changed = {key: (earlier.get(key), now[key]) for key in now if key != "out" and earlier.get(key) != now[key]}
+        ignored = {"out", *fitted}
+        changed = {
+            key: (earlier.get(key), now[key]) for key in now if key not in ignored and earlier.get(key) != now[key]
+        }
         if changed:
             details = "; ".join(f"{key}: was {old!r}, now {new!r}" for key, (old, new) in changed.items())
             raise UserError(f"{saved}: --resume must use the same settings as the interrupted run ({details})")
