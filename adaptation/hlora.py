@@ -8,8 +8,10 @@ comprehension (VQA, reports), one for generation (image tokens) — chosen by th
 training stages (`Method.stages`), each ``--epochs`` long:
 
 1. ``align``: the vision adapters (the model's ``projectors`` target group) and the generation plug-in, on the
-   alignment sub-tasks (``--alignment-tasks``, default the findings report and reconstruction: HealthGPT aligns on
-   captions and on reconstruction), at ``--align-learning-rate``;
+   alignment sub-tasks (``--alignment-tasks``; by default, "auto", the findings report and reconstruction where the
+   training data hold them — HealthGPT aligns on captions and on reconstruction — else every sub-task they hold:
+   on question-answering-only data such as VQA-RAD, SLAKE or PathVQA, the vision adapters align on the questions),
+   at ``--align-learning-rate``;
 2. ``embed``: only the word embeddings and the LM head (whose image-token rows are new), on every sub-task, at
    ``--embed-learning-rate``;
 3. ``adapt``: both plug-ins and the vision adapters on every sub-task, at the run's learning rate.
@@ -28,6 +30,11 @@ The learning rate of stage 3 (and of the mixed stage) is the run's, 1e-3 by defa
 Ranks are the authors' shape at this model's size: comprehension ``r = 16, alpha = 32``, generation
 ``r = 32, alpha = 64`` (HealthGPT: 64 / 128 and 256 / 512 on a 3.8B-parameter LM), ``k = 4`` experts.
 
+Data without a generation sub-task (question answering only): a model that names the kinds it serves (``kinds``,
+`workbench.models.medvl.MedVL.kinds`, set by the task from the data) gets plug-ins for those kinds only — the
+comprehension plug-in alone — and the vision adapters named after an absent kind (``projector_generation``) do not
+train; nothing is trained, counted or saved for generation.
+
 The adapter file holds every parameter any stage trained (plug-ins, vision adapters, word embeddings, LM head);
 ``<run>/<method>/comprehension.safetensors`` and ``generation.safetensors`` hold each plug-in alone, in PEFT's
 tensor names (`workbench.adaptation.lora.save_plugin` / ``load_plugin``).
@@ -35,12 +42,14 @@ tensor names (`workbench.adaptation.lora.save_plugin` / ``load_plugin``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any, ClassVar, Sequence
 
 from torch import nn
 from workbench.adaptation.lora import PluginConfig, apply_plugins, save_plugin
 from workbench.adaptation.lora.model import target_names
+from workbench.adaptation.lora.plugins import plugin_names
 
 from workbench.errors import UserError
 from workbench.method import Method
@@ -48,9 +57,13 @@ from workbench.model import require
 from workbench.options import Option
 from workbench.registry import methods
 
+log = logging.getLogger(__name__)
+
 #: The task kinds the two plug-ins serve.
 PLUGINS = ("comprehension", "generation")
 STAGES = ("align", "embed", "adapt")
+#: HealthGPT's alignment sub-tasks (captions, reconstruction): what ``--alignment-tasks auto`` takes where present.
+ALIGNMENT_TASKS = ("report", "reconstruct")
 
 
 class _HeterogeneousLoRA(Method):
@@ -69,7 +82,13 @@ class _HeterogeneousLoRA(Method):
         Option("experts", int, 4, "experts k per plug-in (H-LoRA, MoELoRA); unused by plain LoRA"),
         Option("targets", str, "language", "target groups / fnmatch patterns of the plug-ins, comma-separated"),
         Option("vision_adapters", str, "projectors", "target group of the vision adapters (trained in stages 1, 3)"),
-        Option("alignment_tasks", str, "report,reconstruct", "the sub-tasks of the alignment stage, comma-separated"),
+        Option(
+            "alignment_tasks",
+            str,
+            "auto",
+            "the sub-tasks of the alignment stage, comma-separated; 'auto': report and reconstruct where the data hold "
+            "them, else every sub-task they hold",
+        ),
         Option("align_learning_rate", float, 1e-3, "learning rate of the alignment stage"),
         Option("embed_learning_rate", float, 1e-3, "learning rate of the embedding stage"),
     )
@@ -77,12 +96,14 @@ class _HeterogeneousLoRA(Method):
     def _targets(self) -> list[str]:
         return [entry.strip() for entry in self.config["targets"].split(",") if entry.strip()]
 
-    def _plugins(self) -> dict[str, PluginConfig]:
+    def _plugins(self, kinds: Sequence[str] = PLUGINS) -> dict[str, PluginConfig]:
+        """The plug-in of each of ``kinds``."""
         experts = None if self.layout == "lora" else self.config["experts"]
         ranks = {
             "comprehension": (self.config["rank"], self.config["alpha"]),
             "generation": (self.config["generation_rank"], self.config["generation_alpha"]),
         }
+        ranks = {name: ranks[name] for name in PLUGINS if name in kinds}
         try:
             return {name: PluginConfig(rank, alpha, experts, self.layout) for name, (rank, alpha) in ranks.items()}
         except UserError as error:
@@ -92,28 +113,35 @@ class _HeterogeneousLoRA(Method):
         """The model declares the plug-in targets, the vision adapters, a head and input embeddings; the
         alignment sub-tasks exist in the training data; the plug-in ranks fit their experts."""
         super().check(task, data, model)
-        self._plugins()
+        self._plugins(tuple(getattr(model, "kinds", PLUGINS)))
         target_names(model, self._targets())
         target_names(model, [self.config["vision_adapters"]])
         if not callable(getattr(model, "get_input_embeddings", None)):
             raise UserError(f"method '{self.name}' needs a model with word embeddings (get_input_embeddings)")
-        if "align" in self.stages:
-            wanted = self._alignment_tasks()
+        if "align" in self.stages and self.config["alignment_tasks"] != "auto":
+            wanted = self._alignment_tasks(task.sample_tasks(data.train))
             present = set(task.sample_tasks(data.train))
             missing = sorted(set(wanted) - present)
             if missing:
                 raise UserError(
                     f"method '{self.name}': the alignment sub-tasks {missing} are not in the training data (it holds "
-                    f"{sorted(present)}); choose others with --alignment-tasks"
+                    f"{sorted(present)}); choose others with --alignment-tasks, or leave it at 'auto'"
                 )
 
-    def _alignment_tasks(self) -> list[str]:
-        return [entry.strip() for entry in self.config["alignment_tasks"].split(",") if entry.strip()]
+    def _alignment_tasks(self, present: Sequence[str]) -> list[str]:
+        """The alignment sub-tasks: the option's list, or for "auto" `ALIGNMENT_TASKS` among ``present``, else every
+        sub-task ``present`` (in order of first appearance)."""
+        if self.config["alignment_tasks"] != "auto":
+            return [entry.strip() for entry in self.config["alignment_tasks"].split(",") if entry.strip()]
+        held = list(dict.fromkeys(present))
+        return [t for t in ALIGNMENT_TASKS if t in held] or held
 
     def prepare(self, model: nn.Module) -> nn.Module:
         head = require(model, self.name, "head").head
-        vision = set(target_names(model, [self.config["vision_adapters"]]))
-        model = apply_plugins(model, self._targets(), self._plugins())
+        kinds = tuple(getattr(model, "kinds", PLUGINS))
+        absent = [kind for kind in PLUGINS if kind not in kinds]
+        vision = {n for n in target_names(model, [self.config["vision_adapters"]]) if not any(a in n for a in absent)}
+        model = apply_plugins(model, self._targets(), self._plugins(kinds))
         self._groups = {
             "vision": [p for name, m in model.named_modules() if name in vision for p in m.parameters()],
             "embed": [model.get_input_embeddings().weight, model.get_submodule(head).weight],
@@ -134,8 +162,17 @@ class _HeterogeneousLoRA(Method):
     def start_stage(self, stage: str, task, model: nn.Module, data, settings) -> tuple[Sequence, Sequence, Any]:
         if stage == "align":
             self._train_only(model, "vision", "generation")
-            wanted = set(self._alignment_tasks())
-            train = [s for s, t in zip(data.train, task.sample_tasks(data.train)) if t in wanted]
+            present = task.sample_tasks(data.train)
+            wanted = set(self._alignment_tasks(present))
+            if self.config["alignment_tasks"] == "auto" and not wanted & set(ALIGNMENT_TASKS):
+                log.warning(
+                    "%s: the training data hold no %s sub-task (alignment 'auto'): stage 1 aligns the vision adapters "
+                    "on %s instead",
+                    self.name,
+                    " or ".join(ALIGNMENT_TASKS),
+                    ", ".join(sorted(wanted)),
+                )
+            train = [s for s, t in zip(data.train, present) if t in wanted]
             val = [s for s, t in zip(data.val, task.sample_tasks(data.val)) if t in wanted] or data.val
             stage = replace(settings, learning_rate=self.config["align_learning_rate"],
                             batch_size=min(settings.batch_size, len(train)))  # fmt: skip
@@ -162,14 +199,13 @@ class _HeterogeneousLoRA(Method):
         """Each plug-in as its own file, ``<run>/<method>/<plug-in>.safetensors`` (`workbench.adaptation.lora.
         load_plugin` reads it into a model carrying the same plug-ins: HealthGPT's swappable plug-ins)."""
         folder.mkdir(parents=True, exist_ok=True)
-        for name in PLUGINS:
+        for name in plugin_names(self._model):
             save_plugin(self._model, name, folder / f"{name}.safetensors")
 
     def diagnostics(self, task, model: nn.Module, data) -> dict[str, float]:
-        count = lambda group: float(sum(p.numel() for p in self._groups[group]))  # noqa: E731
         return {
-            "plugin_parameters_comprehension": count("comprehension"),
-            "plugin_parameters_generation": count("generation"),
+            f"plugin_parameters_{name}": float(sum(p.numel() for p in self._groups[name]))
+            for name in plugin_names(self._model)
         }
 
 

@@ -311,6 +311,9 @@ class MedVL(nn.Module):
         self.vq = VQTokenizer(config.vq)
         self.vq.requires_grad_(False)
         self.vq.eval()
+        #: The kinds of batch this model will be adapted to and asked for (`KINDS`; a task whose data hold no
+        #: generation sub-task sets ("comprehension",)): H-LoRA attaches plug-ins for these kinds only.
+        self.kinds: tuple[str, ...] = KINDS
 
     @property
     def workbench_spec(self) -> ModelSpec:

@@ -214,3 +214,33 @@ def test_one_shared_plugin_serves_both_kinds_and_an_unknown_one_is_refused():
     other = lora.apply_plugins(copy.deepcopy(base), ["language"], {"vision": lora.PluginConfig(4, 8, 2)})
     with pytest.raises(UserError, match="no LoRA plug-in named 'comprehension'"):
         logits(other, "comprehension")
+
+
+@pytest.mark.parametrize("method", (HLoRA, HLoRAPlainLoRA), ids=lambda m: m.name)
+def test_question_answering_only_data_get_the_comprehension_plugin_alone_and_align_on_the_questions(tmp_path, method):
+    """A model serving comprehension only (``kinds``, set by the task on QA-only data): no generation plug-in, the
+    generation projector frozen, stage 1 ("auto") aligning the comprehension projector on the questions; an
+    explicit alignment on sub-tasks the data lack is refused."""
+    base = tiny()
+    base.kinds = ("comprehension",)
+    items = [item for item in toy_data(base).train + toy_data(base).val if item.task == "vqa-closed"]
+    data = TaskData(train=items[:2] * 2, val=items[2:], test=[], source="toy")
+    hlora = method(**SMALL)
+    hlora.check(ToyTask(base), data, base)
+    model = hlora.prepare(base)
+    randomize_b(model)
+    assert lora.plugin_names(model) == ("comprehension",)
+    task = ToyTask(model)
+    settings = TrainSettings(epochs=1, batch_size=2, learning_rate=1e-2, ema_decay=None, patience=10)
+    before = snapshot(model)
+    history = _train(hlora, task, model, data, settings, tmp_path / "m.pt", "cpu", False, "qa", False)
+    assert [h["stage"] for h in history] == ["align", "embed", "adapt"]
+    moved = changed(model, before)
+    assert moved & {n for n in before if n.startswith("projector_comprehension.")}
+    assert not moved & {n for n in before if n.startswith(("projector_generation.", "vision.", "vq."))}
+    state = hlora.trainable_state(model)
+    assert not any("generation" in name for name in state)
+    count = float(sum(p.numel() for p in lora.plugin_parameters(model, "comprehension").values()))
+    assert hlora.diagnostics(task, model, data) == {"plugin_parameters_comprehension": count}
+    with pytest.raises(UserError, match=r"the alignment sub-tasks \['report'\] are not in the training data"):
+        method(**SMALL, alignment_tasks="report").check(task, data, tiny())

@@ -20,6 +20,7 @@ from workbench.domains.medvl.readers import ReadReport, detect_layout, read_fold
 
 from workbench.datacard import load_card
 from workbench.errors import UserError
+from workbench.records import BadRecordError, SkipReport
 
 ndimage = pytest.importorskip("scipy.ndimage")  # the label maps' components and erosions (scipy: not a medvl need)
 
@@ -370,9 +371,28 @@ def test_slake_keeps_english_and_merges_validation_into_train(tmp_path):
     assert [s.id for s in splits["train"]] == ["1", "3", "4"] and [s.id for s in splits["test"]] == ["6"]
     assert splits["test"][0].task == "vqa-closed" and splits["test"][0].subject == "xmlab1"
     assert sum(report.dropped.values()) == 3 and "q_lang" in report.summary()
+    chinese = read_folder(tmp_path, language="zh")
+    assert [s.id for s in chinese["train"]] == ["2", "5"] and chinese["train"][0].answer == "计算机断层扫描"
+    assert [s.id for s in read_folder(tmp_path, language="all")["train"]] == ["1", "2", "3", "4", "5"]
+    with pytest.raises(UserError, match="language must be one of en, zh, all"):
+        read_folder(tmp_path, language="fr")
     _write(tmp_path / "test.json", [_slake(7, lang="zh")])
-    with pytest.raises(UserError, match=r"test\.json: no usable record \(1 read, 1 not in English\)"):
+    with pytest.raises(UserError, match=r"test\.json: no usable record \(1 read, 0 bad, 1 not in language 'en'\)"):
         read_folder(tmp_path)
+
+
+def test_bad_records_are_raised_or_skipped_into_a_report_and_counted(tmp_path):
+    _png(tmp_path / "imgs" / "xmlab1" / "source.jpg", rgb=True)
+    records = [_slake(1), {**_slake(2), "img_name": "xmlab9/source.jpg"}, {**_slake(3), "answer": ""}, _slake(4)]
+    _write(tmp_path / "train.json", records + [_slake(5, lang="zh")])
+    _write(tmp_path / "test.json", [_slake(6)])
+    with pytest.raises(BadRecordError, match=r"train\.json: record 1 \(2\): field 'img_name': image file not found"):
+        read_folder(tmp_path)
+    skipped = SkipReport()
+    splits = read_folder(tmp_path, skipped=skipped)
+    assert [s.id for s in splits["train"]] == ["1", "4"] and skipped.seen == 5  # 4 English train + 1 test
+    assert [p.record for p in skipped] == [f"{tmp_path / 'train.json'}: record {i} ({i + 1})" for i in (1, 2)]
+    assert "image file not found" in skipped.problems[0].problem and "'answer'" in skipped.problems[1].problem
 
 
 def test_pathvqa_images_are_found_by_their_split(tmp_path):

@@ -114,7 +114,8 @@ def test_bad_records_stop_the_run_with_exit_code_2_and_no_run_directory(tmp_path
     changes, message = BAD[case]
     folder = llava_folder(tmp_path / "data", changes)
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "workbench", "adapt", "--domain", "medvl", "--data", str(folder), "--quiet"]
+    command = [sys.executable, "-m", "workbench", "adapt", "--domain", "medvl", "--data", str(folder), "--quiet",
+               "--on-bad-record", "raise"]  # fmt: skip
     result = subprocess.run(command + ["--out", str(out)], capture_output=True, text=True)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "test.json" in result.stderr and "Traceback" not in result.stderr
@@ -122,7 +123,7 @@ def test_bad_records_stop_the_run_with_exit_code_2_and_no_run_directory(tmp_path
 
 
 def test_a_too_small_image_and_a_rank_the_experts_do_not_divide_are_refused(tmp_path):
-    command = [sys.executable, "-m", "workbench", "adapt", "--domain", "medvl", "--quiet"]
+    command = [sys.executable, "-m", "workbench", "adapt", "--domain", "medvl", "--quiet", "--on-bad-record", "raise"]
     folder = llava_folder(tmp_path / "small", image_px=20)
     result = subprocess.run(command + ["--data", str(folder), "--out", str(tmp_path / "a")], capture_output=True,
                             text=True)  # fmt: skip

@@ -17,8 +17,8 @@ high. Intensities are min-max scaled to [0, 1]
 kept).
 
 Refused, with a `UserError` that names the JSON file and record (``source``), the field and the path: a missing
-file, a file the reader cannot read, a channel count other than 1, 3 or 4, a side below `MIN_IMAGE_PX`, NaN or
-infinite values.
+file, a file the reader cannot read, a channel count other than 1, 3 or 4, a side below `MIN_IMAGE_PX`, more than
+`MAX_IMAGE_PIXELS` pixels (told by the file's header, before its pixels are decoded), NaN or infinite values.
 
 Shapes:
     `load_image` -> (channels, size, size) float32 in [0, 1]
@@ -38,6 +38,8 @@ from workbench.errors import UserError
 
 #: The smallest side an input image may have [px].
 MIN_IMAGE_PX = 32
+#: The most pixels an input image (or volume, counting every slice) may have, rows × columns [× slices]: 8192².
+MAX_IMAGE_PIXELS = 8192 * 8192
 #: ITU-R BT.601 luminance weights of R, G, B.
 LUMINANCE = (0.299, 0.587, 0.114)
 PIL_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
@@ -93,29 +95,39 @@ def _loader(kind: str):
 
 
 def _check_readable(path: Path, kind: str, where: str):
-    """Open the file with its library before MONAI does (a short, precise message); the DICOM header or None."""
+    """Open the file's header with its library before MONAI reads the pixels (a short, precise message; an image
+    over `MAX_IMAGE_PIXELS` is refused before it is decoded); the DICOM header or None."""
     try:
         if kind == "pil":
             from PIL import Image
 
             with Image.open(path) as image:
-                image.verify()
+                pixels, shape = image.width * image.height, f"{image.height} × {image.width}"
+                if pixels <= MAX_IMAGE_PIXELS:
+                    image.verify()
+            header = None
         elif kind == "nifti":
             import nibabel
 
-            nibabel.load(path)
+            shape_ = nibabel.load(path).shape
+            pixels, shape, header = int(np.prod(shape_)), " × ".join(map(str, shape_)), None
         else:
             import pydicom
 
             first = path if path.is_file() else next((p for p in sorted(path.iterdir()) if p.is_file()), None)
             if first is None:
                 raise UserError(f"{where}: the DICOM folder {path} holds no file")
-            return pydicom.dcmread(first, stop_before_pixels=True)
+            header = pydicom.dcmread(first, stop_before_pixels=True)
+            slices = int(getattr(header, "NumberOfFrames", 1) or 1) if path.is_file() else len(list(path.iterdir()))
+            rows, cols = int(getattr(header, "Rows", 0) or 0), int(getattr(header, "Columns", 0) or 0)
+            pixels, shape = rows * cols * slices, f"{rows} × {cols}" + (f" × {slices}" if slices > 1 else "")
     except UserError:
         raise
     except Exception as error:
         raise UserError(f"{where}: cannot read {path} as {_NAMES[kind]} ({type(error).__name__}: {error})") from None
-    return None
+    if pixels > MAX_IMAGE_PIXELS:
+        raise UserError(f"{where}: {path} is {shape} px ({pixels:,} pixels); expected at most {MAX_IMAGE_PIXELS:,}")
+    return header
 
 
 def _read(path: Path, kind: str, where: str) -> torch.Tensor:

@@ -8,8 +8,8 @@ never by its name (`detect_layout`):
     llava      ``conversations`` (human, gpt, human, gpt, ...), ``image``    relative to the JSON file (or image_root)
                (a path or a list of one); optional ``id``, ``task``,
                ``target_image``, ``subject``, ``findings``
-    vqa-rad    ``image_name``, ``question``, ``answer``, ``answer_type``     ``VQA_RAD Image Folder/`` beside the JSON
-               (CLOSED / OPEN), ``phrase_type``; ``qid``
+    vqa-rad    ``image_name``, ``question``, ``answer``, ``answer_type``     ``VQA_RAD Image Folder/`` (OSF) or
+               (CLOSED / OPEN), ``phrase_type``; ``qid``                     ``images/`` (MEVF's copy) beside the JSON
     slake      ``img_name``, ``question``, ``answer``, ``q_lang``,           ``imgs/`` beside the JSON
                ``answer_type``; ``qid``
     pathvqa    ``image``, ``question``, ``answer`` and neither               ``images/<split>/<image>.jpg`` (split from
@@ -27,14 +27,19 @@ newlines (spaces collapsed); answers the gpt turn as written. VQA-RAD and SLAKE:
 numbers) become stripped lower-case strings.
 
 Splits (`read_folder`): ``train.json`` and ``test.json`` of a folder (SLAKE's, an LLaVA export, the synthetic
-set); a ``val.json`` / ``validate.json`` / ``validation.json`` is merged into train, since the task draws its own
-validation split by subject. A folder (or file) with a single VQA-RAD JSON is split as published: test =
-``phrase_type`` "test_freeform" or "test_para", the rest train. SLAKE keeps the English questions (``q_lang`` "en");
-the others are counted in the `ReadReport` passed in, and logged.
+set), or ``trainset.json`` and ``testset.json`` (VQA-RAD as MEVF and the methods built on it ship it, ``data_RAD/``);
+a ``val.json`` / ``validate.json`` / ``validation.json`` is merged into train, since the task draws its own
+validation split by subject. A folder (or file) with a single VQA-RAD JSON (the OSF release, ``VQA_RAD Dataset
+Public.json``) is split as published: test = ``phrase_type`` "test_freeform" or "test_para", the rest train. SLAKE
+keeps the questions in ``language`` (``q_lang`` "en" by default; "zh", or "all"); the others are counted in the
+`ReadReport` passed in, and logged. Python pickles (PathVQA's ``qas/*/*.pkl``) are refused, never loaded: loading a
+pickle runs whatever code it holds (the card ``pathvqa`` says how to export them to JSON).
 
-The readers do not load images (the task does, lazily, with `workbench.domains.medvl.images.load_image`); they
-check that every image file exists. Every problem is a `UserError` naming the file, the record (index and id) and
-the field.
+The readers do not load images (the task does, with `workbench.domains.medvl.images.load_image`); they check that
+every image file exists. A problem confined to one record (a missing field, an unknown task, a missing image) is a
+`workbench.records.BadRecordError` naming the file, the record (index and id) and the field: raised, or, when the
+caller passes a `workbench.records.SkipReport`, added to it and the record left out. A problem with the whole file
+(not JSON, no layout fits, nothing usable) is a `UserError`.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from typing import Any, Iterable, Sequence
 from workbench.domains.medvl.generate import GENERATION_TASKS, TASK_TYPES
 
 from workbench.errors import UserError
+from workbench.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +70,10 @@ LAYOUT_KEYS = {
 #: VQA-RAD's test questions (the rest is train).
 VQA_RAD_TEST_PHRASES = ("test_freeform", "test_para")
 VALIDATION_FILES = ("val.json", "validate.json", "validation.json")
+#: The (train, test) file names of a folder: the usual ones, and MEVF's copy of VQA-RAD (``data_RAD/``).
+SPLIT_FILES = (("train.json", "test.json"), ("trainset.json", "testset.json"))
+#: SLAKE's question languages (``q_lang``), and "all".
+LANGUAGES = ("en", "zh", "all")
 IMAGE_TOKEN = "<image>"
 #: A generated image written as VQ code tokens in the answer (HealthGPT's layout), instead of a target_image.
 CODE_TOKEN = re.compile(r"<idx_(\d+)>")
@@ -150,7 +160,7 @@ class _Record:
     def __init__(self, path: Path, index: int, data: Any, id_key: str | None):
         self.path, self.index = path, index
         if not isinstance(data, dict):
-            raise UserError(f"{path}: record {index}: expected a JSON object, found {type(data).__name__}")
+            raise BadRecordError(f"{path}: record {index}", f"expected a JSON object, found {type(data).__name__}")
         self.data = data
         raw = data.get(id_key) if id_key else None
         self.id = str(raw) if isinstance(raw, (str, int)) and not isinstance(raw, bool) and str(raw) else None
@@ -159,8 +169,8 @@ class _Record:
     def where(self) -> str:
         return f"{self.path}: record {self.index}" + (f" ({self.id})" if self.id else "")
 
-    def error(self, name: str, expected: str, found: str) -> UserError:
-        return UserError(f"{self.where}: field '{name}': expected {expected}, found {found}")
+    def error(self, name: str, expected: str, found: str) -> BadRecordError:
+        return BadRecordError(self.where, f"field '{name}': expected {expected}, found {found}")
 
     def text(self, name: str, *, numbers: bool = False) -> str:
         """A non-empty string field (numbers too with ``numbers``: VQA-RAD's integer answers), stripped."""
@@ -182,7 +192,7 @@ class _Record:
             if path.exists():
                 return path.resolve()
         looked = ", ".join(str(p) for p in tried[:4])
-        raise UserError(f"{self.where}: field '{name}': image file not found (looked for {looked})")
+        raise BadRecordError(self.where, f"field '{name}': image file not found (looked for {looked})")
 
 
 def _relative(base: Path, image_root: Path | None, name: str) -> list[Path]:
@@ -215,9 +225,10 @@ def _llava(rec: _Record, base: Path, image_root: Path | None) -> list[VlSample]:
             raise rec.error(f"conversations[{i}].value", "a non-empty string", f"{value!r:.60}")
     tokens = sum(turn["value"].count(IMAGE_TOKEN) for turn in turns[::2])
     if tokens != len(images):
-        raise UserError(
-            f"{rec.where}: field 'conversations': the human turns hold {tokens} '{IMAGE_TOKEN}' token(s) but the "
-            f"record has {len(images)} image(s) in field 'image'; expected one token per image"
+        raise BadRecordError(
+            rec.where,
+            f"field 'conversations': the human turns hold {tokens} '{IMAGE_TOKEN}' token(s) but the record has "
+            f"{len(images)} image(s) in field 'image'; expected one token per image",
         )
     task = data.get("task")
     if task is not None and task not in TASK_TYPES:
@@ -272,7 +283,7 @@ def _answer_type(rec: _Record) -> str:
 def _vqa_rad(rec: _Record, base: Path, image_root: Path | None) -> VlSample:
     question, answer, task = rec.text("question"), rec.text("answer", numbers=True).lower(), _answer_type(rec)
     name = rec.text("image_name")
-    folders = [*([image_root] if image_root else []), base / "VQA_RAD Image Folder", base]
+    folders = [*([image_root] if image_root else []), base / "VQA_RAD Image Folder", base / "images", base]
     image = rec.image("image_name", [folder / name for folder in folders])
     phrase = rec.text("phrase_type").lower()
     sid = rec.id or f"{rec.path.stem}-{rec.index}"
@@ -308,8 +319,21 @@ def _pathvqa(rec: _Record, base: Path, image_root: Path | None) -> VlSample:
     return VlSample(sid, task, image, question, answer, None, f"{rec.path} record {rec.index} ({sid})", None, name)
 
 
+def _refuse_pickle(path: Path) -> None:
+    raise UserError(
+        f"{path}: a Python pickle; the workbench never loads pickles (loading one runs whatever code it holds). "
+        "PathVQA ships its questions as qas/<split>/<split>_qa.pkl: give --data a JSON copy of them instead (the data "
+        "card 'pathvqa' shows how to export the pickles you trust to JSON once; parquet copies are not read yet)"
+    )
+
+
 def read_json(
-    path: str | Path, *, image_root: str | Path | None = None, report: ReadReport | None = None
+    path: str | Path,
+    *,
+    image_root: str | Path | None = None,
+    report: ReadReport | None = None,
+    skipped: SkipReport | None = None,
+    language: str = "en",
 ) -> list[VlSample]:
     """The samples of one JSON file in any of `LAYOUTS` (see the module docstring).
 
@@ -317,9 +341,16 @@ def read_json(
         path: the JSON file (a list of records).
         image_root: where relative image paths are looked for first (default: beside the JSON file, and the
             layout's image folder there).
-        report: filled with the file's layout and the records left out (SLAKE's non-English questions).
+        report: filled with the file's layout and the records left out (SLAKE's questions in other languages).
+        skipped: where bad records go (and are left out); None raises the first as a `BadRecordError`. Its
+            ``seen`` grows by the records looked at (those in ``language``).
+        language: SLAKE's ``q_lang`` kept: "en", "zh" or "all" (`LANGUAGES`); ignored by the other layouts.
     """
     path = Path(path)
+    if path.suffix.lower() in (".pkl", ".pickle"):
+        _refuse_pickle(path)
+    if language not in LANGUAGES:
+        raise UserError(f"language must be one of {', '.join(LANGUAGES)}, got {language!r}")
     records = _load(path)
     layout = detect_layout(records, path)
     base = path.parent
@@ -327,67 +358,91 @@ def read_json(
     if root is not None and not root.is_dir():
         raise UserError(f"image_root {root} is not a folder")
     samples: list[VlSample] = []
-    dropped = 0
+    dropped = bad = 0
+    id_key = {"llava": "id", "vqa-rad": "qid", "slake": "qid", "pathvqa": "id"}[layout]
     for index, data in enumerate(records):
-        id_key = {"llava": "id", "vqa-rad": "qid", "slake": "qid", "pathvqa": "id"}[layout]
-        rec = _Record(path, index, data, id_key)
-        if layout == "llava":
-            if "conversations" not in data:
-                raise rec.error("conversations", "a list of human/gpt turns (the file is in LLaVA's layout)", "none")
-            samples += _llava(rec, base, root)
-        elif layout == "vqa-rad":
-            samples.append(_vqa_rad(rec, base, root))
-        elif layout == "slake":
-            if rec.text("q_lang").lower() != "en":
+        try:
+            rec = _Record(path, index, data, id_key)
+            if layout == "slake" and language != "all" and rec.text("q_lang").lower() != language:
                 dropped += 1
                 continue
-            samples.append(_slake(rec, base, root))
-        else:
-            samples.append(_pathvqa(rec, base, root))
+            if skipped is not None:
+                skipped.seen += 1
+            if layout == "llava":
+                if "conversations" not in data:
+                    raise rec.error("conversations", "a list of human/gpt turns (the file is in LLaVA's layout)", "none")
+                samples += _llava(rec, base, root)
+            elif layout == "vqa-rad":
+                samples.append(_vqa_rad(rec, base, root))
+            elif layout == "slake":
+                samples.append(_slake(rec, base, root))
+            else:
+                samples.append(_pathvqa(rec, base, root))
+        except BadRecordError as error:
+            if skipped is None:
+                raise
+            skipped.add(error.record, error.problem)
+            bad += 1
     if report is not None:
         report.layouts[str(path)] = layout
         if dropped:
-            report.dropped["slake questions not in English (q_lang != 'en')"] += dropped
+            report.dropped[f"slake questions not in language '{language}' (q_lang)"] += dropped
     if dropped:
-        log.info("%s: %d SLAKE questions not in English left out", path, dropped)
+        log.info("%s: %d SLAKE questions not in language '%s' left out (--language)", path, dropped, language)
     if not samples:
-        raise UserError(f"{path}: no usable record ({len(records)} read, {dropped} not in English)")
+        raise UserError(
+            f"{path}: no usable record ({len(records)} read, {bad} bad, {dropped} not in language '{language}')"
+        )
     return samples
 
 
-def read_folder(
-    path: str | Path, *, image_root: str | Path | None = None, report: ReadReport | None = None
-) -> dict[str, list[VlSample]]:
-    """``{"train": [...], "test": [...]}`` from a folder (or one VQA-RAD JSON file), as the module docstring says:
-    ``train.json`` + ``test.json`` (validation files merged into train), or one VQA-RAD JSON split by
-    ``phrase_type``."""
-    path = Path(path)
-    if path.is_file():
-        files = [path]
-    elif path.is_dir():
-        if (path / "train.json").is_file() and (path / "test.json").is_file():
-            train = read_json(path / "train.json", image_root=image_root, report=report)
-            for name in VALIDATION_FILES:
-                if (path / name).is_file():
-                    train += read_json(path / name, image_root=image_root, report=report)
-            return {"train": train, "test": read_json(path / "test.json", image_root=image_root, report=report)}
-        files = sorted(p for p in path.glob("*.json") if p.name != "generator.json")
-    else:
-        raise UserError(f"{path}: no such folder or file")
-    if len(files) != 1:
-        found = ", ".join(p.name for p in files) or "no JSON file"
-        raise UserError(
-            f"{path}: expected train.json and test.json (and optionally {' / '.join(VALIDATION_FILES)}), or one "
-            f"VQA-RAD JSON file; found {found}"
-        )
-    samples = read_json(files[0], image_root=image_root, report=report)
+def split_by_phrase_type(path: Path, samples: list[VlSample]) -> dict[str, list[VlSample]]:
+    """VQA-RAD's published split (``phrase_type``), for a file whose records say it."""
     if any(sample.split is None for sample in samples):
         raise UserError(
-            f"{files[0]}: its records do not say their split (only VQA-RAD's phrase_type does); put the splits in "
+            f"{path}: its records do not say their split (only VQA-RAD's phrase_type does); put the splits in "
             "train.json and test.json"
         )
     splits = {name: [s for s in samples if s.split == name] for name in ("train", "test")}
     for name, part in splits.items():
         if not part:
-            raise UserError(f"{files[0]}: no {name} question (phrase_type {VQA_RAD_TEST_PHRASES} are test)")
+            raise UserError(f"{path}: no {name} question (phrase_type {VQA_RAD_TEST_PHRASES} are test)")
     return splits
+
+
+def read_folder(
+    path: str | Path,
+    *,
+    image_root: str | Path | None = None,
+    report: ReadReport | None = None,
+    skipped: SkipReport | None = None,
+    language: str = "en",
+) -> dict[str, list[VlSample]]:
+    """``{"train": [...], "test": [...]}`` from a folder (or one VQA-RAD JSON file), as the module docstring says:
+    ``train.json`` + ``test.json`` or ``trainset.json`` + ``testset.json`` (validation files merged into train), or
+    one VQA-RAD JSON split by ``phrase_type``. ``skipped`` and ``language``: as in `read_json`."""
+    path = Path(path)
+    options = {"image_root": image_root, "report": report, "skipped": skipped, "language": language}
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        for train_name, test_name in SPLIT_FILES:
+            if (path / train_name).is_file() and (path / test_name).is_file():
+                train = read_json(path / train_name, **options)
+                for name in VALIDATION_FILES:
+                    if (path / name).is_file():
+                        train += read_json(path / name, **options)
+                return {"train": train, "test": read_json(path / test_name, **options)}
+        files = sorted(p for p in path.glob("*.json") if p.name != "generator.json")
+        pickles = sorted(path.glob("*.pkl")) + sorted(path.glob("qas/*/*.pkl"))
+        if not files and pickles:
+            _refuse_pickle(pickles[0])
+    else:
+        raise UserError(f"{path}: no such folder or file")
+    if len(files) != 1:
+        found = ", ".join(p.name for p in files) or "no JSON file"
+        raise UserError(
+            f"{path}: expected train.json and test.json (and optionally {' / '.join(VALIDATION_FILES)}), "
+            f"trainset.json and testset.json, or one VQA-RAD JSON file; found {found}"
+        )
+    return split_by_phrase_type(files[0], read_json(files[0], **options))

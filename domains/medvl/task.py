@@ -12,8 +12,19 @@ Data (`workbench.domains.medvl.readers`; images through MONAI, `workbench.domain
 - default: the embedded synthetic CT/MR-like slices with recorded findings and templated VQA / reports (card
   ``medvl-synthetic``), its ``train.json`` / ``test.json``;
 - ``--data FOLDER`` or ``--data FILE.json``: the LLaVA conversation layout (VL-Health, LLaVA-Med; card
-  ``llava-conversations``), VQA-RAD, SLAKE or PathVQA (cards ``vqa-rad``, ``slake``, ``pathvqa``), told apart by
-  their records' keys.
+  ``llava-conversations``), VQA-RAD (the OSF release or MEVF's ``trainset.json`` / ``testset.json``), SLAKE
+  (``--language en|zh|all``, English by default) or PathVQA's JSON (cards ``vqa-rad``, ``slake``, ``pathvqa``), told
+  apart by their records' keys; pickles are refused, never loaded.
+
+Reading opens every image a run would read (`workbench.domains.medvl.images.load_image`, at the shipped model's
+size; the tensors are kept for the run). A bad record — a missing field, a missing, unreadable, too small or too
+large image — is skipped into ``task.skipped`` (``--on-bad-record skip``, the default) or stops the run before its
+directory appears (``raise``).
+
+Data without some sub-tasks (VQA-RAD, SLAKE and PathVQA hold question answering only): the metrics, tables and
+figures are those of the sub-tasks present (``task.metrics`` follows the test split), the model is set to serve
+only the kinds present (`workbench.models.medvl.MedVL.kinds`: H-LoRA attaches the comprehension plug-in alone and
+aligns on what the data hold), and one warning says which sub-tasks are absent and what was left out.
 
 The validation records (``--val-share`` of the training groups, for early stopping) are drawn by group — a subject
 where the records name one, else an image — so no image is in two splits.
@@ -44,14 +55,22 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 import torch
 from torch import nn
-from workbench.domains.medvl.generate import COMPREHENSION_TASKS, GENERATION_TASKS, report_findings
+from workbench.domains.medvl.generate import COMPREHENSION_TASKS, GENERATION_TASKS, TASK_TYPES, report_findings
 from workbench.domains.medvl.images import load_image
-from workbench.domains.medvl.readers import CODE_TOKEN, VlSample, read_folder, read_json
-from workbench.models.medvl import UNK
+from workbench.domains.medvl.readers import (
+    CODE_TOKEN,
+    LANGUAGES,
+    VlSample,
+    read_folder,
+    read_json,
+    split_by_phrase_type,
+)
+from workbench.models.medvl import KINDS, UNK, MedVLConfig
 
 from workbench.errors import UserError
 from workbench.model import spec_of
 from workbench.options import Option
+from workbench.records import BadRecordError, SkipReport
 from workbench.registry import tasks
 from workbench.task import Evaluation, Task, TaskData, to_device
 
@@ -60,6 +79,22 @@ log = logging.getLogger(__name__)
 EMBEDDED = Path(__file__).resolve().parent / "embedded"
 #: What ``--method hlora`` (and its variants) is compared with in the same run.
 HLORA_BASELINES = ("hlora-lora",)
+#: Each metric and the sub-tasks of the test split that give it.
+METRIC_TASKS = {
+    "closed_accuracy": ("vqa-closed",),
+    "open_recall": ("vqa-open",),
+    "report_f1": ("report",),
+    "ssim": GENERATION_TASKS,
+    "psnr_db": GENERATION_TASKS,
+}
+#: What each metric is, for the report's note.
+METRIC_NOTES = {
+    "closed_accuracy": "closed-VQA accuracy",
+    "open_recall": "open-answer recall",
+    "report_f1": "findings F1 of the reports",
+    "ssim": "SSIM / PSNR [dB] of the generated images against their targets (per sub-task in metrics.json, with "
+    "ssim_vq_ceiling: the VQ tokenizer's own reconstruction of the targets)",
+}
 
 
 @dataclass
@@ -130,12 +165,18 @@ class MedVLTask(Task):
     options = (
         Option("val_share", float, 0.1, "share of the training groups (subjects or images) held out for validation"),
         Option("max_answer_words", int, 40, "longest text answer decoded at evaluation [tokens]"),
+        Option("language", str, "en", "SLAKE's questions kept, by q_lang: en, zh or all", choices=LANGUAGES),
     )
     examples = (
         "workbench adapt --domain medvl                          # H-LoRA (3 stages) beside LoRA plug-ins, ~4.5 min",
         "workbench adapt --domain medvl --baselines moelora,hlora-lora,hlora-mixed,full --epochs 6",
         "workbench adapt --domain medvl --data ~/vqa_rad --method hlora     # VQA-RAD's JSON and image folder",
     )
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        #: Images loaded so far, by (path, side [px]): (1, side, side) float32 in [0, 1].
+        self._images: dict[tuple[str, int], torch.Tensor] = {}
 
     @classmethod
     def profile(cls, method: str) -> dict[str, Any]:
@@ -146,26 +187,64 @@ class MedVLTask(Task):
 
     # -- data and model --------------------------------------------------------------------------
     def read(self, data: str | Path | None, seed: int = 0) -> VlData:
+        """The records of each split, every image opened (bad records skipped into ``self.skipped`` or raised)."""
+        self.skipped = SkipReport()
+        options = {
+            "skipped": self.skipped if self.config["on_bad_record"] == "skip" else None,
+            "language": self.config["language"],
+        }
         if data is None:
-            return VlData(read_folder(EMBEDDED), str(EMBEDDED), "embedded synthetic CT/MR-like slices")
-        path = Path(data)
-        if path.is_dir():
-            return VlData(read_folder(path), str(path), f"vision-language records in {path}")
-        if path.is_file():
-            return VlData({"train": read_json(path), "test": []}, str(path), f"vision-language records of {path}")
-        raise UserError(f"{path}: no such file or folder (give --data a folder with train.json / test.json or a JSON)")
+            raw = VlData(read_folder(EMBEDDED, **options), str(EMBEDDED), "embedded synthetic CT/MR-like slices")
+        else:
+            path = Path(data)
+            if path.is_dir():
+                raw = VlData(read_folder(path, **options), str(path), f"vision-language records in {path}")
+            elif path.is_file():
+                samples = read_json(path, **options)  # a VQA-RAD file says its split; any other file is all train
+                splits = split_by_phrase_type(path, samples) if all(s.split for s in samples) else {"train": samples}
+                splits.setdefault("test", [])
+                raw = VlData(splits, str(path), f"vision-language records of {path}")
+            else:
+                raise UserError(
+                    f"{path}: no such file or folder (give --data a folder with train.json / test.json or a JSON)"
+                )
+        raw.splits = {name: self._open_images(part) for name, part in raw.splits.items()}
+        return raw
+
+    def _image(self, path: Path, size: int, field: str, source: str) -> torch.Tensor:
+        """``path`` loaded at ``size`` (kept: reading opens each image once, the run reuses it)."""
+        key = (str(path), size)
+        if key not in self._images:
+            self._images[key] = load_image(path, channels=1, size=size, field=field, source=source)
+        return self._images[key]
+
+    def _open_images(self, samples: Sequence[VlSample]) -> list[VlSample]:
+        """The samples whose images open (at the shipped model's size); the others skipped or raised."""
+        size, kept = MedVLConfig().image_size, []
+        for sample in samples:
+            try:
+                for field, path in (("image", sample.image), ("target_image", sample.target_image)):
+                    if path is not None:
+                        self._image(path, size, field, _where(sample))
+            except UserError as error:
+                problem = str(error).removeprefix(f"{_where(sample)}: ")
+                if self.config["on_bad_record"] == "raise":
+                    raise BadRecordError(_where(sample), problem) from None
+                self.skipped.add(_where(sample), problem)
+                continue
+            kept.append(sample)
+        return kept
 
     def _items(self, model: nn.Module, samples: Sequence[VlSample], start: int) -> list[VlItem]:
         size = model.config.image_size
         items = []
         for offset, sample in enumerate(samples):
-            image = load_image(sample.image, channels=1, size=size, field="image", source=_where(sample))
+            image = self._image(sample.image, size, "image", _where(sample))
             target = codes = None
             answer = sample.answer
             if kind_of(sample.task) == "generation":
                 if sample.target_image is not None:
-                    target = load_image(sample.target_image, channels=1, size=size, field="target_image",
-                                        source=_where(sample))  # fmt: skip
+                    target = self._image(sample.target_image, size, "target_image", _where(sample))
                     with torch.no_grad():
                         codes = model.vq.encode(target[None])[0]
                 else:
@@ -196,6 +275,10 @@ class MedVLTask(Task):
         if spec is None or spec.family != "medvl":
             raise UserError("task 'medvl' needs a medvl vision-language model (workbench list)")
         self._model = model  # its tokenizer and sizes build the batches (collate)
+        kinds = self._serve_kinds(model, raw.splits)
+        note = _coverage_note(raw.splits)
+        if note:
+            log.warning("%s", note)
         rng = np.random.default_rng(seed)
         train = self._items(model, raw.splits["train"], 0)
         test = self._items(model, raw.splits["test"], len(train))
@@ -219,10 +302,22 @@ class MedVLTask(Task):
             "groups": {"train": len(groups) - n_val, "val": n_val, "test": len({item.group for item in test})},
             "unknown_words_train": int(unknown),
         }
-        return TaskData(train, val, test, raw.source, summary), {}
+        present = {item.task for item in test}
+        self.metrics = tuple(m for m, needs in METRIC_TASKS.items() if present & set(needs))
+        notes = [METRIC_NOTES[m] for m in self.metrics if m in METRIC_NOTES]
+        self.metrics_note = f"Scores on the test records, higher is better: {'; '.join(notes)}."
+        return TaskData(train, val, test, raw.source, summary), {"kinds": list(kinds)}
+
+    @staticmethod
+    def _serve_kinds(model: nn.Module, splits: Mapping[str, Sequence[VlSample]]) -> tuple[str, ...]:
+        """Set ``model.kinds`` to the kinds of batch the data hold (`KINDS` order); returns them."""
+        held = {kind_of(s.task) for part in splits.values() for s in part}
+        model.kinds = tuple(kind for kind in KINDS if kind in held)
+        return model.kinds
 
     def restore(self, model: nn.Module, state: Mapping[str, Any]) -> None:
-        """Nothing of the data lives in the model."""
+        """The kinds of batch the run's data held (``model.kinds``; runs written before it: both)."""
+        model.kinds = tuple(state.get("kinds", KINDS))
 
     def test_samples(self, model: nn.Module, raw: VlData) -> list[VlItem]:
         self._model = model
@@ -333,15 +428,40 @@ class MedVLTask(Task):
         return pretrain(out, seed=seed)
 
     def info(self, data: str | Path | None) -> str:
+        """The records of each split by sub-task, after opening every image (`read`)."""
         raw = self.read(data)
         lines = [f"source: {raw.description} ({raw.source})"]
         for name, part in raw.splits.items():
             lines.append(f"{name}: {len(part)} records, {dict(sorted(Counter(s.task for s in part).items()))}")
-        return "\n".join(lines)
+        lines.append(f"images opened: {len(self._images)}")
+        note = _coverage_note(raw.splits)
+        return "\n".join(lines + ([note] if note else []))
 
 
 def _where(sample: VlSample) -> str:
     return sample.source  # "<file> record <i> (<id>)"
+
+
+def _coverage_note(splits: Mapping[str, Sequence[VlSample]]) -> str | None:
+    """Which sub-tasks the data lack and what is left out because of it (None when they hold all of them)."""
+    held = {s.task for part in splits.values() for s in part}
+    absent = [t for t in TASK_TYPES if t not in held]
+    if not absent or not held:
+        return None
+    unscored = [m for m, needs in METRIC_TASKS.items() if not held & set(needs)]
+    skipped = [f"the metrics {', '.join(unscored)}"] if unscored else []
+    if not held & set(GENERATION_TASKS):
+        skipped += [
+            "the generated-image figure",
+            "the generation side of the model (methods with per-kind plug-ins, such as H-LoRA, train the "
+            "comprehension plug-in alone)",
+        ]
+    if "report" not in held and "reconstruct" not in held:
+        skipped.append("H-LoRA's usual alignment data (report, reconstruct): stage 1 aligns on the sub-tasks held")
+    return (
+        f"medvl: the data hold only {', '.join(t for t in TASK_TYPES if t in held)}; absent: {', '.join(absent)}. "
+        f"Left out because of it: {'; '.join(skipped)}."
+    )
 
 
 def _norm(text: str) -> str:
