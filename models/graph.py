@@ -10,7 +10,10 @@ filter the node signal with
 and each stacks ``layers`` layers ``H ← ReLU(α · F · H · W)`` (a learnable scalar α per layer, W without
 bias). The branch embeddings mix with learnable weights, ``Z = Σ_b w_b Z_b``, and a linear head gives
 class logits. Every filter is a sparse product (``torch.sparse.mm`` with Ã in COO form, computed once per
-graph and cached): cost and memory grow with the number of edges, never with n².
+graph and cached): cost and memory grow with the number of edges, never with n². Sparse node features
+(bag-of-words: 0.5 % non-zero on the citation graphs) enter every encoder's first layer as a sparse matrix
+(`GraphInput.features`, `SparseFeatures`), and input dropout drops their stored entries only (`dropout_linear`),
+so the first layer costs O(non-zeros · width) rather than O(n · d · width).
 
 Baselines share the wrapper: a 2-layer GCN (Kipf & Welling, ICLR 2017; PyG's ``GCNConv``) and an MLP
 that ignores the edges, each with the same hidden width and linear head. `GraphNet` holds one encoder
@@ -48,6 +51,10 @@ class GraphInput(Protocol):
 
     def propagator(self, dtype: torch.dtype) -> torch.Tensor: ...
 
+    def features(self) -> torch.Tensor | SparseFeatures:
+        """``x``, or the same matrix as `SparseFeatures` (the first layer's input)."""
+        ...
+
 
 def normalized_adjacency(edge_index: torch.Tensor, n_nodes: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Ã = D̃^-½ (A + I) D̃^-½ as a sparse COO tensor (n_nodes, n_nodes), D̃ the degrees of A + I.
@@ -60,6 +67,92 @@ def normalized_adjacency(edge_index: torch.Tensor, n_nodes: int, dtype: torch.dt
 
     index, weight = gcn_norm(edge_index, None, n_nodes, add_self_loops=True, dtype=dtype)
     return torch.sparse_coo_tensor(index, weight, (n_nodes, n_nodes), check_invariants=False).coalesce()
+
+
+class SparseFeatures:
+    """A sparse node-feature matrix (n, d), stored by rows and indexed by columns, for `dropout_linear`.
+
+    ``values`` and ``columns`` (nnz,) in row-major order, ``row_offsets`` (n,) where each row starts; the same
+    entries in column order: ``by_column`` (nnz,) their positions, ``rows_by_column`` (nnz,) their rows,
+    ``column_offsets`` (d,) where each column starts. Built once per graph (`Graph.features`); never trained.
+    """
+
+    def __init__(self, x: torch.Tensor):
+        coo = (x if x.is_sparse else x.to_sparse()).coalesce()  # entries in row-major order
+        n, d = coo.shape
+        self.shape = torch.Size((n, d))
+        rows, self.columns = coo.indices()
+        self.values = coo.values()
+        self.row_offsets = self._offsets(rows, n)
+        self.by_column = torch.argsort(self.columns, stable=True)
+        self.rows_by_column = rows[self.by_column]
+        self.column_offsets = self._offsets(self.columns, d)
+
+    @staticmethod
+    def _offsets(index: torch.Tensor, size: int) -> torch.Tensor:
+        """Where each of ``size`` groups starts in an ordering of ``index`` sorted by group (size,)."""
+        counts = torch.bincount(index, minlength=size)
+        return torch.cumsum(counts, 0) - counts
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    def to_dense(self) -> torch.Tensor:
+        """The (n, d) matrix (for tests and small graphs)."""
+        dense = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        dense[self.rows_by_column, self.columns[self.by_column]] = self.values[self.by_column]
+        return dense
+
+
+class _SparseLinear(torch.autograd.Function):
+    """X·Wᵀ for sparse X (fixed, with ``values`` in place of its own) and a trained W (h, d): both directions are
+    sums of weighted rows (``F.embedding_bag``): forward Σ_k v_k W[:, col_k] into row_k, backward
+    ∂W = (Xᵀ G)ᵀ with Xᵀ read in column order. Cost O(non-zeros · h) each way."""
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, weight: torch.Tensor, features: SparseFeatures) -> torch.Tensor:
+        ctx.features = features
+        ctx.save_for_backward(values)
+        table = weight.t().contiguous()  # (d, h)
+        return F.embedding_bag(
+            features.columns, table, features.row_offsets, mode="sum", per_sample_weights=values.to(table.dtype)
+        )
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (values,) = ctx.saved_tensors
+        features = ctx.features
+        grad = grad.contiguous()
+        weight_grad = F.embedding_bag(
+            features.rows_by_column,
+            grad,
+            features.column_offsets,
+            mode="sum",
+            per_sample_weights=values[features.by_column].to(grad.dtype),
+        )  # (d, h)
+        return None, weight_grad.t(), None
+
+
+def dropout_linear(
+    h: torch.Tensor | SparseFeatures, weight: torch.Tensor, bias: torch.Tensor | None, p: float, training: bool
+) -> torch.Tensor:
+    """``F.linear(F.dropout(h, p, training), weight, bias)`` for dense ``h`` (n, d) or `SparseFeatures`.
+
+    Sparse features: dropout drops their stored entries with probability ``p`` and scales the kept ones by
+    1/(1 − p). A zero entry stays zero whether or not dense dropout drops it, so this is the dense dropout's
+    random matrix restricted to the non-zeros — the same distribution — drawn in O(non-zeros) instead of
+    O(n · d). Shapes: h (n, d), weight (h_out, d), bias (h_out,) → (n, h_out).
+    """
+    if not isinstance(h, SparseFeatures):
+        return F.linear(F.dropout(h, p, training), weight, bias)
+    values = F.dropout(h.values, p, training) if training and p > 0 else h.values
+    out = _SparseLinear.apply(values, weight, h)
+    return out if bias is None else out + bias
 
 
 class MixedFilterEncoder(nn.Module):
@@ -101,10 +194,10 @@ class MixedFilterEncoder(nn.Module):
         propagator = graph.propagator(graph.x.dtype)
         parts = []
         for b, branch in enumerate(BRANCHES):
-            h = graph.x
+            h = graph.features()
             for layer, linear in enumerate(self.weights[branch]):
-                h = F.dropout(h, self.dropout, self.training)
-                h = torch.relu(self.alpha[b, layer] * self.filter(branch, propagator, linear(h)))
+                h = dropout_linear(h, linear.weight, None, self.dropout, self.training)
+                h = torch.relu(self.alpha[b, layer] * self.filter(branch, propagator, h))
             parts.append(h)
         z = sum(w * part for w, part in zip(self.mix, parts))
         return z, parts
@@ -123,9 +216,14 @@ class GCNEncoder(nn.Module):
         )
 
     def forward(self, graph: GraphInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        h = graph.x
+        h = graph.features()
         for conv in self.convs:
-            h = torch.relu(conv(F.dropout(h, self.dropout, self.training), graph.edge_index))
+            if isinstance(h, SparseFeatures):  # GCNConv's own steps, its product on sparse features: Ã (X Wᵀ) + b
+                projected = dropout_linear(h, conv.lin.weight, None, self.dropout, self.training)
+                h = torch.sparse.mm(graph.propagator(projected.dtype), projected) + conv.bias
+            else:
+                h = conv(F.dropout(h, self.dropout, self.training), graph.edge_index)
+            h = torch.relu(h)
         return h, [h]
 
 
@@ -140,9 +238,9 @@ class MLPEncoder(nn.Module):
         )
 
     def forward(self, graph: GraphInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        h = graph.x
+        h = graph.features()
         for linear in self.linears:
-            h = torch.relu(linear(F.dropout(h, self.dropout, self.training)))
+            h = torch.relu(dropout_linear(h, linear.weight, linear.bias, self.dropout, self.training))
         return h, [h]
 
 

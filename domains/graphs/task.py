@@ -5,7 +5,8 @@ With no ``--data`` it generates a contextual stochastic block model pair whose e
 seeded by ``--seed``. With ``--data`` it reads the graph domain-adaptation benchmarks from a local path
 (citation ACMv9 / Citationv1 / DBLPv7, Airport USA / Brazil / Europe, or PyG ``Data`` files;
 `workbench.domains.graphs.readers`): ``--data FOLDER --source-graph acmv9 --target-graph dblpv7`` or
-``--data SOURCE,TARGET``.
+``--data SOURCE,TARGET``. Each graph is read whole: a bad file is an error naming the file and the field
+(exit code 2), never skipped, and ``data check`` counts the two graphs read (``task.skipped.seen``).
 
 Training is full-graph: one sample is the whole source/target pair, so one trainer step is one epoch
 over both graphs (``--train-size`` and ``--val-size`` stay 1). The source's labelled nodes are split once
@@ -45,6 +46,7 @@ from workbench.models.graph import GraphNet
 from workbench.errors import UserError
 from workbench.metrics import classification_scores
 from workbench.options import Option
+from workbench.records import SkipReport
 from workbench.registry import tasks
 from workbench.task import Evaluation, Task, TaskData
 
@@ -169,6 +171,9 @@ class CSBMTask(Task):
             )
         else:
             pair = read_graph_pair(data, self.config["source_graph"], self.config["target_graph"])
+        # A graph is one record, read whole: a bad file stops the run (a pair cannot lose a graph), whatever
+        # --on-bad-record says; nothing is ever skipped.
+        self.skipped = SkipReport(seen=0 if data is None else 2)
         source, target = pair.source_graph, pair.target_graph
         if not bool(source.labelled.any()):
             raise UserError(
