@@ -18,9 +18,8 @@ import pytest
 pytest.importorskip("monai")
 pytest.importorskip("transformers")
 
-from workbench.cli import main  # noqa: E402
-
 import workbench  # noqa: E402
+from workbench.cli import main  # noqa: E402
 
 REAL = Path(__file__).parent / "data" / "real" / "medvl"
 VQA_RAD = REAL / "vqa_rad"

@@ -370,7 +370,8 @@ def read_json(
                 skipped.seen += 1
             if layout == "llava":
                 if "conversations" not in data:
-                    raise rec.error("conversations", "a list of human/gpt turns (the file is in LLaVA's layout)", "none")
+                    expected = "a list of human/gpt turns (the file is in LLaVA's layout)"
+                    raise rec.error("conversations", expected, "none")
                 samples += _llava(rec, base, root)
             elif layout == "vqa-rad":
                 samples.append(_vqa_rad(rec, base, root))
