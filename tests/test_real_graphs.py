@@ -153,25 +153,14 @@ def test_dense_features_keep_the_dense_path():
 
 @pytest.mark.slow
 def test_default_method_at_default_settings_on_a_real_pair(tmp_path):
-    """The default run (homophily + its four baselines, 100 epochs) on DBLPv7 → ACMv9 transfers well above chance."""
+    """The default run (homophily + its four baselines, 100 epochs, seed 0) on ACMv9 → DBLPv7 transfers above the
+    largest class's share (benchmarks/results/graph_citation.json: 0.578 against 0.330)."""
     out = tmp_path / "run"
-    workbench(
-        "adapt",
-        "--domain",
-        "csbm",
-        "--data",
-        str(REAL),
-        "--source-graph",
-        "dblpv7",
-        "--target-graph",
-        "acmv9",
-        "--out",
-        str(out),
-        "--quiet",
-    )
+    data = ["--data", str(REAL), "--source-graph", "acmv9", "--target-graph", "dblpv7"]
+    workbench("adapt", "--domain", "csbm", *data, "--out", str(out), "--quiet")
     metrics = json.loads((out / "metrics.json").read_text())
-    largest_class = 2767 / 9360
-    assert metrics["after"]["accuracy"] > largest_class + 0.15  # A→D, seed 0: 0.578 against 0.330
+    largest_class = 1808 / 5484
+    assert metrics["after"]["accuracy"] > largest_class + 0.15
     assert metrics["after"]["source_accuracy"] > 0.7
 
 
