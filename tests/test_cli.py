@@ -191,11 +191,11 @@ BAD_INPUTS = {
     "npz without forces": (lambda p: ["--data", str(_bad_npz(p, forces=None))], "rmd17_ethanol.npz: field 'forces'"),
     "NaN energies": (
         lambda p: ["--data", str(_bad_npz(p, energies=np.full(60, np.nan)))],
-        "rmd17_ethanol.npz: field 'energies': expected finite numbers",
+        "rmd17_ethanol.npz: no usable frame",  # each frame is a record: all skipped (named), then nothing is left
     ),
     "extxyz without energies": (
         lambda p: ["--data", str(_extxyz_without_energy(p))],
-        "no_energy.xyz: field 'REF_energy'",
+        "no_energy.xyz [frame 0]: no energy",
     ),
     "unknown element": (
         lambda p: ["--data", str(_bad_npz(p, nuclear_charges=np.array([16, 6, 8, 1, 1, 1, 1, 1, 1])))],
