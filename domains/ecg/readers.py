@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 from workbench.domains.ecg.preprocess import LEADS, EcgPreprocessing, preprocess
-from workbench.records import BadRecordError, SkipReport
 
 from workbench.datacard import DataCard, load_card
 from workbench.errors import UserError, field_error
+from workbench.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
 

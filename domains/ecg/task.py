@@ -59,11 +59,11 @@ from workbench.domains.ecg.readers import (
     read_ptbxl,
     read_record,
 )
-from workbench.records import BadRecordError
 
 from workbench.errors import UserError
 from workbench.metrics import choose_thresholds, multilabel_scores
 from workbench.options import Option
+from workbench.records import BadRecordError
 from workbench.registry import tasks
 from workbench.task import Evaluation, Predictions, Task, TaskData, to_device
 

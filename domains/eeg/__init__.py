@@ -19,6 +19,7 @@ from workbench.domains.eeg.motor import (
 )
 from workbench.domains.eeg.readers import EegWindows, read_eeg_folder, read_recording
 from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, read_sleep_edf
+
 from workbench.records import BadRecordError, RecordProblem, SkipReport
 
 __all__ = [

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 from workbench.domains.eeg.channels import ChannelSelection, interpolation_sources, match_channels, select_channels
-from workbench.records import BadRecordError, SkipReport
 
 from workbench.datacard import load_card
 from workbench.errors import UserError
+from workbench.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
 

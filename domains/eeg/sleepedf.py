@@ -44,9 +44,9 @@ from workbench.domains.eeg.readers import (
     read_edf_header,
     read_recording,
 )
-from workbench.records import BadRecordError
 
 from workbench.errors import UserError
+from workbench.records import BadRecordError
 
 #: AASM classes, in label order.
 SLEEP_CLASSES: tuple[str, ...] = ("W", "N1", "N2", "N3", "REM")

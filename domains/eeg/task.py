@@ -86,7 +86,6 @@ from workbench.domains.eeg.readers import (
     read_recording,
 )
 from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, read_sleep_edf
-from workbench.records import BadRecordError
 from workbench.domains.splits import split_subjects
 from workbench.models.eeg import CHECKPOINTS
 
@@ -94,6 +93,7 @@ from workbench.errors import UserError
 from workbench.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1, per_class_f1
 from workbench.model import spec_of
 from workbench.options import Option
+from workbench.records import BadRecordError
 from workbench.registry import models, tasks
 from workbench.task import Evaluation, Predictions, Task, TaskData, to_device
 

@@ -34,9 +34,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from workbench.domains.ecg.readers import read_raw_record
-from workbench.records import BadRecordError, SkipReport
 
 from workbench.errors import UserError
+from workbench.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
 

@@ -60,7 +60,6 @@ from workbench.domains.physio.beats import (
     read_beat_folder,
     read_mitbih,
 )
-from workbench.records import BadRecordError, SkipReport
 from workbench.domains.splits import split_subjects
 from workbench.models.physio import BACKBONE_RATE_HZ
 
@@ -68,6 +67,7 @@ from workbench.errors import UserError
 from workbench.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1, per_class_recall
 from workbench.model import spec_of
 from workbench.options import Option
+from workbench.records import BadRecordError, SkipReport
 from workbench.registry import tasks
 from workbench.task import Evaluation, Predictions, Task, TaskData, to_device
 
