@@ -20,6 +20,7 @@ from torch import nn
 
 from workbench.errors import UserError
 from workbench.options import Option, resolve_options
+from workbench.paths import ALLOW_PATHS_OUTSIDE
 from workbench.records import ON_BAD_RECORD, SkipReport
 from workbench.registry import models
 
@@ -103,9 +104,9 @@ class Task:
     metrics_note: ClassVar[str] = "Errors are on the test split; lower is better."
     #: Training defaults of this task (`workbench.trainer.TrainSettings` fields and ``train_size``).
     defaults: ClassVar[Mapping[str, Any]] = {}
-    #: The task's options; every task also takes ``on_bad_record`` (`workbench.records.ON_BAD_RECORD`), put first by
-    #: ``__init_subclass__``.
-    options: ClassVar[tuple[Option, ...]] = (ON_BAD_RECORD,)
+    #: The task's options; every task also takes ``on_bad_record`` (`workbench.records.ON_BAD_RECORD`) and
+    #: ``allow_paths_outside`` (`workbench.paths.ALLOW_PATHS_OUTSIDE`), put first by ``__init_subclass__``.
+    options: ClassVar[tuple[Option, ...]] = (ON_BAD_RECORD, ALLOW_PATHS_OUTSIDE)
     #: ``--precision`` values the task's models train in; the first is the default. "float64" / "float32": the
     #: model and its samples in that dtype (`prepare` makes samples in the model's dtype); "bf16" / "fp16": float32
     #: weights, training steps under ``torch.autocast`` (fp16 with loss scaling).
@@ -120,8 +121,7 @@ class Task:
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
-        if ON_BAD_RECORD not in cls.options:
-            cls.options = (ON_BAD_RECORD, *cls.options)
+        cls.options = (ON_BAD_RECORD, ALLOW_PATHS_OUTSIDE, *(o for o in cls.options if o not in Task.options))
 
     def __init__(self, **options: Any):
         missing = [name for name in self.requires if importlib.util.find_spec(name) is None]
