@@ -18,7 +18,9 @@ kept).
 
 Refused, with a `UserError` that names the JSON file and record (``source``), the field and the path: a missing
 file, a file the reader cannot read, a channel count other than 1, 3 or 4, a side below `MIN_IMAGE_PX`, more than
-`MAX_IMAGE_PIXELS` pixels (told by the file's header, before its pixels are decoded), NaN or infinite values.
+``max_pixels`` pixels (`MAX_IMAGE_PIXELS` by default; told by the file's header before its pixels are decoded: PIL's
+``Image.open``, pydicom without the pixel data, nibabel's header), NaN or infinite values. A PIL image above PIL's own
+refusal (178,956,970 pixels) stays refused even when ``max_pixels`` is larger.
 
 Shapes:
     `load_image` -> (channels, size, size) float32 in [0, 1]
@@ -38,8 +40,10 @@ from workbench.errors import UserError
 
 #: The smallest side an input image may have [px].
 MIN_IMAGE_PX = 32
-#: The most pixels an input image (or volume, counting every slice) may have, rows × columns [× slices]: 8192².
-MAX_IMAGE_PIXELS = 8192 * 8192
+#: The most pixels an input image (or volume, counting every slice) may have by default, rows × columns [× slices]
+#: (the task's ``--max-image-pixels``). Below PIL's own decompression-bomb guard, which warns above
+#: ``PIL.Image.MAX_IMAGE_PIXELS`` (89,478,485) and refuses above twice that (178,956,970): this limit speaks first.
+MAX_IMAGE_PIXELS = 64_000_000
 #: ITU-R BT.601 luminance weights of R, G, B.
 LUMINANCE = (0.299, 0.587, 0.114)
 PIL_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
@@ -94,17 +98,19 @@ def _loader(kind: str):
         codec_log.setLevel(level)
 
 
-def _check_readable(path: Path, kind: str, where: str):
+def _check_readable(path: Path, kind: str, where: str, max_pixels: int):
     """Open the file's header with its library before MONAI reads the pixels (a short, precise message; an image
-    over `MAX_IMAGE_PIXELS` is refused before it is decoded); the DICOM header or None."""
+    over ``max_pixels`` is refused before it is decoded); the DICOM header or None."""
+    from PIL import Image
+
     try:
         if kind == "pil":
-            from PIL import Image
-
-            with Image.open(path) as image:
-                pixels, shape = image.width * image.height, f"{image.height} × {image.width}"
-                if pixels <= MAX_IMAGE_PIXELS:
-                    image.verify()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit decides, below
+                with Image.open(path) as image:
+                    pixels, shape = image.width * image.height, f"{image.height} × {image.width}"
+                    if pixels <= max_pixels:
+                        image.verify()
             header = None
         elif kind == "nifti":
             import nibabel
@@ -123,16 +129,21 @@ def _check_readable(path: Path, kind: str, where: str):
             pixels, shape = rows * cols * slices, f"{rows} × {cols}" + (f" × {slices}" if slices > 1 else "")
     except UserError:
         raise
+    except Image.DecompressionBombError as error:  # PIL's own refusal, above 2 × PIL.Image.MAX_IMAGE_PIXELS
+        limit = f"expected at most {max_pixels:,} pixels (--max-image-pixels)"
+        raise UserError(f"{where}: {path}: {error}; {limit}") from None
     except Exception as error:
         raise UserError(f"{where}: cannot read {path} as {_NAMES[kind]} ({type(error).__name__}: {error})") from None
-    if pixels > MAX_IMAGE_PIXELS:
-        raise UserError(f"{where}: {path} is {shape} px ({pixels:,} pixels); expected at most {MAX_IMAGE_PIXELS:,}")
+    if pixels > max_pixels:
+        raise UserError(
+            f"{where}: {path} is {shape} px ({pixels:,} pixels); expected at most {max_pixels:,} (--max-image-pixels)"
+        )
     return header
 
 
-def _read(path: Path, kind: str, where: str) -> torch.Tensor:
+def _read(path: Path, kind: str, where: str, max_pixels: int) -> torch.Tensor:
     """The file as (channels, rows, columns[, depth]) float32 (see the module docstring's orientation)."""
-    header = _check_readable(path, kind, where)
+    header = _check_readable(path, kind, where, max_pixels)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # MONAI's notes on missing DICOM orientation tags and the like
@@ -189,6 +200,7 @@ def load_image(
     size: int = 64,
     field: str = "image",
     source: str | None = None,
+    max_pixels: int = MAX_IMAGE_PIXELS,
 ) -> torch.Tensor:
     """One image as (channels, size, size) float32 in [0, 1] (the module docstring has every step).
 
@@ -198,6 +210,8 @@ def load_image(
         size: side of the square output [px].
         field: the JSON field the path came from (for messages).
         source: the JSON file and record the path came from (for messages), e.g. ``"train.json record 3 (q17)"``.
+        max_pixels: the most pixels (rows × columns [× slices]) the file's header may declare; more is refused
+            before decoding.
     """
     from monai.transforms import Resize, ScaleIntensity
 
@@ -211,7 +225,7 @@ def load_image(
     if kind == "unknown":
         suffixes = ", ".join(s for s in (*PIL_SUFFIXES, *DICOM_SUFFIXES, *NIFTI_SUFFIXES) if s)
         raise UserError(f"{where}: {path}: expected an image file ({suffixes}, a DICOM folder), found '{path.suffix}'")
-    data = _read(path, kind, where)
+    data = _read(path, kind, where, max_pixels)
     if data.ndim == 4:
         data = data[..., data.shape[-1] // 2]
     if data.ndim != 3:

@@ -36,7 +36,11 @@ keeps the questions in ``language`` (``q_lang`` "en" by default; "zh", or "all")
 pickle runs whatever code it holds (the card ``pathvqa`` says how to export them to JSON).
 
 The readers do not load images (the task does, with `workbench.domains.medvl.images.load_image`); they check that
-every image file exists. A problem confined to one record (a missing field, an unknown task, a missing image) is a
+every image file exists and lies inside the data folder (the folder given, or the JSON's folder; links followed,
+and every file of a DICOM series folder too): a record naming an image outside it (``../../x.png``, an absolute
+path, a link out) stops the read with a `workbench.paths.PathOutsideData` naming the file, the record and the
+field, unless ``allow_outside`` (``--allow-paths-outside``); PathVQA's images in the folders above its JSON count as
+outside. A problem confined to one record (a missing field, an unknown task, a missing image) is a
 `workbench.records.BadRecordError` naming the file, the record (index and id) and the field: raised, or, when the
 caller passes a `workbench.records.SkipReport`, added to it and the record left out. A problem with the whole file
 (not JSON, no layout fits, nothing usable) is a `UserError`.
@@ -55,6 +59,7 @@ from typing import Any, Iterable, Sequence
 from workbench.domains.medvl.generate import GENERATION_TASKS, TASK_TYPES
 
 from workbench.errors import UserError
+from workbench.paths import PathOutsideData, confined
 from workbench.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
@@ -155,10 +160,13 @@ def _load(path: Path) -> Any:
 
 
 class _Record:
-    """One record of one file: field access with messages naming the file, the record and the field."""
+    """One record of one file: field access with messages naming the file, the record and the field; its images
+    confined to the data folder ``root`` (and ``image_root``) unless ``allow`` (``--allow-paths-outside``)."""
 
-    def __init__(self, path: Path, index: int, data: Any, id_key: str | None):
+    def __init__(self, path: Path, index: int, data: Any, id_key: str | None, *, root: Path,
+                 image_root: Path | None = None, allow: bool = False):  # fmt: skip
         self.path, self.index = path, index
+        self.root, self.image_root, self.allow = root, image_root, allow
         if not isinstance(data, dict):
             raise BadRecordError(f"{path}: record {index}", f"expected a JSON object, found {type(data).__name__}")
         self.data = data
@@ -186,11 +194,28 @@ class _Record:
         return value
 
     def image(self, name: str, candidates: Iterable[Path]) -> Path:
-        """The first existing path among ``candidates`` (for field ``name``)."""
+        """The first existing path among ``candidates`` (for field ``name``), resolved; it (and, for a DICOM series
+        folder, every file in it) must lie inside the data folder (`confined`; ``image_root`` for the candidates
+        looked for there). A `PathOutsideData` (never a bad record) when the file found lies outside, or when every
+        candidate does; a `BadRecordError` when none exists."""
         tried = list(dict.fromkeys(candidates))
+        where = f"{self.where}, field '{name}'"
+        outside: list[PathOutsideData] = []
         for path in tried:
-            if path.exists():
-                return path.resolve()
+            root = self.image_root if self.image_root and path.is_relative_to(self.image_root) else self.root
+            try:
+                found = confined(path.absolute(), root, where, self.allow)
+            except PathOutsideData as error:
+                if path.exists():
+                    raise
+                outside.append(error)
+                continue
+            if found.exists():
+                for inner in sorted(found.iterdir()) if found.is_dir() else ():
+                    confined(inner, root, where, self.allow)
+                return found
+        if outside and len(outside) == len(tried):
+            raise outside[0]
         looked = ", ".join(str(p) for p in tried[:4])
         raise BadRecordError(self.where, f"field '{name}': image file not found (looked for {looked})")
 
@@ -334,6 +359,8 @@ def read_json(
     report: ReadReport | None = None,
     skipped: SkipReport | None = None,
     language: str = "en",
+    data_folder: str | Path | None = None,
+    allow_outside: bool = False,
 ) -> list[VlSample]:
     """The samples of one JSON file in any of `LAYOUTS` (see the module docstring).
 
@@ -345,6 +372,10 @@ def read_json(
         skipped: where bad records go (and are left out); None raises the first as a `BadRecordError`. Its
             ``seen`` grows by the records looked at (those in ``language``).
         language: SLAKE's ``q_lang`` kept: "en", "zh" or "all" (`LANGUAGES`); ignored by the other layouts.
+        data_folder: the folder the user gave, which every image must resolve inside (default: the JSON's folder;
+            images looked for under ``image_root`` must resolve inside it). A record naming one outside (``..``, an
+            absolute path, a link out) is a `workbench.paths.PathOutsideData`, which stops the read: never skipped.
+        allow_outside: read such images anyway (``--allow-paths-outside``).
     """
     path = Path(path)
     if path.suffix.lower() in (".pkl", ".pickle"):
@@ -354,6 +385,7 @@ def read_json(
     records = _load(path)
     layout = detect_layout(records, path)
     base = path.parent
+    data_root = Path(data_folder) if data_folder is not None else base
     root = Path(image_root) if image_root is not None else None
     if root is not None and not root.is_dir():
         raise UserError(f"image_root {root} is not a folder")
@@ -362,7 +394,7 @@ def read_json(
     id_key = {"llava": "id", "vqa-rad": "qid", "slake": "qid", "pathvqa": "id"}[layout]
     for index, data in enumerate(records):
         try:
-            rec = _Record(path, index, data, id_key)
+            rec = _Record(path, index, data, id_key, root=data_root, image_root=root, allow=allow_outside)
             if layout == "slake" and language != "all" and rec.text("q_lang").lower() != language:
                 dropped += 1
                 continue
@@ -418,12 +450,15 @@ def read_folder(
     report: ReadReport | None = None,
     skipped: SkipReport | None = None,
     language: str = "en",
+    allow_outside: bool = False,
 ) -> dict[str, list[VlSample]]:
     """``{"train": [...], "test": [...]}`` from a folder (or one VQA-RAD JSON file), as the module docstring says:
     ``train.json`` + ``test.json`` or ``trainset.json`` + ``testset.json`` (validation files merged into train), or
-    one VQA-RAD JSON split by ``phrase_type``. ``skipped`` and ``language``: as in `read_json`."""
+    one VQA-RAD JSON split by ``phrase_type``. Images must resolve inside ``path`` (a file's folder); ``skipped``,
+    ``language`` and ``allow_outside``: as in `read_json`."""
     path = Path(path)
-    options = {"image_root": image_root, "report": report, "skipped": skipped, "language": language}
+    options = {"image_root": image_root, "report": report, "skipped": skipped, "language": language,
+               "data_folder": path if path.is_dir() else None, "allow_outside": allow_outside}  # fmt: skip
     if path.is_file():
         files = [path]
     elif path.is_dir():

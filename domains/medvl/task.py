@@ -18,8 +18,9 @@ Data (`workbench.domains.medvl.readers`; images through MONAI, `workbench.domain
 
 Reading opens every image a run would read (`workbench.domains.medvl.images.load_image`, at the shipped model's
 size; the tensors are kept for the run). A bad record — a missing field, a missing, unreadable, too small or too
-large image — is skipped into ``task.skipped`` (``--on-bad-record skip``, the default) or stops the run before its
-directory appears (``raise``).
+large image (``--max-image-pixels``, 64 MP by default, told by the header before decoding) — is skipped into
+``task.skipped`` (``--on-bad-record skip``, the default) or stops the run before its directory appears (``raise``).
+A record naming an image outside the data folder stops the run, whatever the policy (``--allow-paths-outside``).
 
 Data without some sub-tasks (VQA-RAD, SLAKE and PathVQA hold question answering only): the metrics, tables and
 figures are those of the sub-tasks present (``task.metrics`` follows the test split), the model is set to serve
@@ -56,7 +57,7 @@ import numpy as np
 import torch
 from torch import nn
 from workbench.domains.medvl.generate import COMPREHENSION_TASKS, GENERATION_TASKS, TASK_TYPES, report_findings
-from workbench.domains.medvl.images import load_image
+from workbench.domains.medvl.images import MAX_IMAGE_PIXELS, MIN_IMAGE_PX, load_image
 from workbench.domains.medvl.readers import (
     CODE_TOKEN,
     LANGUAGES,
@@ -166,6 +167,13 @@ class MedVLTask(Task):
         Option("val_share", float, 0.1, "share of the training groups (subjects or images) held out for validation"),
         Option("max_answer_words", int, 40, "longest text answer decoded at evaluation [tokens]"),
         Option("language", str, "en", "SLAKE's questions kept, by q_lang: en, zh or all", choices=LANGUAGES),
+        Option(
+            "max_image_pixels",
+            int,
+            MAX_IMAGE_PIXELS,
+            "most pixels an input image may have (rows x columns [x slices]), read from its header before decoding; "
+            "a larger one is a bad record",
+        ),
     )
     examples = (
         "workbench adapt --domain medvl                          # H-LoRA (3 stages) beside LoRA plug-ins, ~4.5 min",
@@ -175,6 +183,12 @@ class MedVLTask(Task):
 
     def __init__(self, **options: Any):
         super().__init__(**options)
+        least = MIN_IMAGE_PX**2
+        if self.config["max_image_pixels"] < least:
+            raise UserError(
+                f"task 'medvl': --max-image-pixels must be at least {least} ({MIN_IMAGE_PX} × {MIN_IMAGE_PX} px, "
+                f"the smallest image read), got {self.config['max_image_pixels']}"
+            )
         #: Images loaded so far, by (path, side [px]): (1, side, side) float32 in [0, 1].
         self._images: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -192,6 +206,7 @@ class MedVLTask(Task):
         options = {
             "skipped": self.skipped if self.config["on_bad_record"] == "skip" else None,
             "language": self.config["language"],
+            "allow_outside": self.config["allow_paths_outside"],
         }
         if data is None:
             raw = VlData(read_folder(EMBEDDED, **options), str(EMBEDDED), "embedded synthetic CT/MR-like slices")
@@ -215,7 +230,8 @@ class MedVLTask(Task):
         """``path`` loaded at ``size`` (kept: reading opens each image once, the run reuses it)."""
         key = (str(path), size)
         if key not in self._images:
-            self._images[key] = load_image(path, channels=1, size=size, field=field, source=source)
+            self._images[key] = load_image(path, channels=1, size=size, field=field, source=source,
+                                           max_pixels=self.config["max_image_pixels"])  # fmt: skip
         return self._images[key]
 
     def _open_images(self, samples: Sequence[VlSample]) -> list[VlSample]:
