@@ -14,7 +14,6 @@ Units: positions Å, energies eV, forces eV/Å.
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +26,7 @@ from mace import modules
 from mace.modules.wrapper_ops import CUET_AVAILABLE
 from torch import nn
 
-from workbench.checkpoint import check_state_fits, load_tensors, save_tensors, write_json
+from workbench.checkpoint import load_model, save_tensors, write_json
 from workbench.errors import UserError
 from workbench.model import ModelFamily, ModelSpec
 from workbench.registry import models
@@ -148,7 +147,12 @@ def load_mace(
     if not path.is_file():
         raise UserError(f"{path}: no such model file")
     if path.suffix == ".safetensors":
-        model = _load_safetensors(path)
+        model = load_model(  # the .json beside it is `save_mace`'s
+            path,
+            lambda saved: build_mace(saved["hparams"]),
+            "a workbench MACE checkpoint",
+            "{'hparams': {MACE hyper-parameters}, 'provenance': {...}}",
+        )
     elif path.suffix == ".model" or path.suffix == ".pt":
         if not trust_checkpoint:
             raise UserError(
@@ -167,23 +171,6 @@ def load_mace(
             f"{path}: unknown model format '{path.suffix}'; expected .safetensors (+ .json) or a MACE .model"
         )
     return model.to(dtype).eval()
-
-
-def _load_safetensors(path: Path) -> nn.Module:
-    state = load_tensors(path)
-    config_path = path.with_suffix(".json")
-    if not config_path.is_file():
-        raise UserError(f"{config_path}: missing; it holds the hyper-parameters of {path.name}")
-    try:
-        hparams = json.loads(config_path.read_text())["hparams"]
-    except (json.JSONDecodeError, KeyError) as error:
-        raise UserError(
-            f"{config_path}: field 'hparams': expected a JSON object of MACE hyper-parameters ({error})"
-        ) from None
-    model = build_mace(hparams)
-    check_state_fits(model.state_dict(), state, path, f"weights do not fit the hyper-parameters in {config_path.name}")
-    model.load_state_dict(state)
-    return model
 
 
 def to_cueq(model: nn.Module) -> nn.Module:

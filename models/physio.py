@@ -36,7 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.checkpoint import check_architecture, load_model, save_model, saved_model_files
+from workbench.checkpoint import (
+    check_architecture,
+    load_model,
+    load_tensors,
+    read_metadata,
+    save_model,
+    saved_model_files,
+)
 from workbench.errors import UserError
 from workbench.model import ModelFamily, ModelSpec, SignalSpec
 from workbench.registry import models
@@ -225,21 +232,25 @@ def load_patch_gpt_backbone(path: str | Path, n_times: int, n_outputs: int, sfre
     Raises:
         UserError: another rate, a series length it cannot embed, or tensors that do not match.
     """
-    from safetensors import safe_open
-
-    from workbench.checkpoint import load_tensors
-
     path = Path(path)
-    with safe_open(str(path), "pt") as handle:
-        metadata = handle.metadata() or {}
+    metadata = read_metadata(path)
     if "architecture" not in metadata:
         raise UserError(f"{path}: no 'architecture' in its metadata: not a patch-gpt backbone (nor a .json beside it)")
-    architecture = json.loads(metadata["architecture"])
-    rate = architecture.pop("sfreq")
+    wanted = "metadata 'architecture': a JSON object {'kind': 'patch-gpt', 'sfreq': Hz, 'patch_size': int, ...}"
+    try:
+        architecture = json.loads(metadata["architecture"])
+        rate = float(architecture.pop("sfreq"))
+    except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as error:
+        raise UserError(f"{path}: expected {wanted} ({type(error).__name__}: {error})") from None
     if not math.isclose(rate, sfreq):
         raise UserError(f"{path}: pretrained on series at {rate:g} Hz, the data is at {sfreq:g} Hz; resample to it")
-    architecture.pop("kind", None)
-    model = PatchGPT(n_times=n_times, n_outputs=n_outputs, sfreq=sfreq, **architecture)
+    kind = architecture.pop("kind", "patch-gpt")
+    if kind != "patch-gpt":
+        raise UserError(f"{path}: expected {wanted}, found kind {kind!r}")
+    try:
+        model = PatchGPT(n_times=n_times, n_outputs=n_outputs, sfreq=sfreq, **architecture)
+    except Exception as error:  # a field of another type or value fails somewhere in the constructor
+        raise UserError(f"{path}: expected {wanted} ({type(error).__name__}: {error})") from None
     state = load_tensors(path)
     own = model.state_dict()
     expected = {k for k in own if not k.startswith("head.")}

@@ -168,6 +168,18 @@ def check_architecture(
         raise UserError(f"{source}: the model has {found}")
 
 
+def read_json_object(path: str | Path, expected: str) -> dict[str, Any]:
+    """The JSON object in ``path``; anything else (not UTF-8, not JSON, a list) is a `UserError` naming the file
+    and ``expected`` (what the object should hold, in words)."""
+    try:
+        content = json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UserError(f"{path}: expected {expected}: not JSON ({error})") from None
+    if not isinstance(content, dict):
+        raise UserError(f"{path}: expected {expected}, found a JSON {type(content).__name__}")
+    return content
+
+
 def saved_model_files(path: str | Path) -> list[Path]:
     """The two files of a model saved by `save_model`: the weights and the architecture beside them."""
     return [Path(path), Path(path).with_suffix(".json")]
@@ -188,7 +200,8 @@ def load_model(
 
     Args:
         path: the ``.safetensors`` file (its ``.json`` architecture beside it).
-        build: architecture dict → the untrained model; a KeyError/TypeError there means a bad architecture.
+        build: architecture dict → the untrained model; any error there means an architecture it cannot build (the
+            file is the user's), reported as a `UserError` naming the ``.json``.
         what: the checkpoint's kind in messages ("a classifier checkpoint").
         expected: the architecture's expected fields in messages (``{'in_features': int, ...}``).
     """
@@ -196,11 +209,14 @@ def load_model(
     architecture_path = path.with_suffix(".json")
     if path.suffix != ".safetensors" or not path.is_file() or not architecture_path.is_file():
         raise UserError(f"{path}: expected {what} (.safetensors with its .json architecture beside it)")
+    state = load_tensors(path)  # first: a damaged file is refused before any model is built
+    architecture = read_json_object(architecture_path, expected)
     try:
-        model = build(json.loads(architecture_path.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise UserError(f"{architecture_path}: expected {expected} ({error})") from None
-    state = load_tensors(path)
+        model = build(architecture)
+    except UserError as error:
+        raise UserError(f"{architecture_path}: {error}") from None
+    except Exception as error:  # a field of another type or value fails somewhere in the builder
+        raise UserError(f"{architecture_path}: expected {expected} ({type(error).__name__}: {error})") from None
     check_state_fits(model.state_dict(), state, path, "checkpoint does not fit its architecture")
     model.load_state_dict(state)
     return model
