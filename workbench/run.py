@@ -31,7 +31,7 @@ import torch.distributed as dist
 import yaml
 from torch import nn
 
-from workbench import report
+from workbench import randomness, report
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
 from workbench.config import RunConfig, RunRequest, resolve_config, split_entry
 from workbench.errors import UserError
@@ -39,6 +39,7 @@ from workbench.memory import PeakMemory, training_step_bytes
 from workbench.method import Method, count_parameters
 from workbench.records import SkipReport
 from workbench.registry import methods, tasks
+from workbench.rundir import check_out_path, claim_file, claim_run_dir
 from workbench.task import Evaluation, Task, TaskData
 from workbench.trainer import Trainer, TrainSettings, distributed
 
@@ -82,7 +83,7 @@ def _adapted_model(path: Path, config: RunConfig) -> nn.Module:
     task = tasks.get(config.task)(**config.task_options)
     model = cast(task.rebuild(config.model, config.trust_checkpoint, adapter["task_state"]), task, config.precision)
     method = methods.get(adapter["method"])(**adapter["options"])
-    torch.manual_seed(config.seed)
+    randomness.seed_all(config.seed)
     model = method.prepare(model)
     method.load_trainable_state(model, load_tensors(path / "adapter.safetensors"), source=path / "adapter.safetensors")
     model = method.merge(model).eval()
@@ -145,7 +146,7 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
     task: Task = tasks.get(config.task)(**config.task_options)
     task.progress = not quiet
     device = torch.device(config.device)
-    torch.manual_seed(config.seed)
+    randomness.seed_all(config.seed)
     raw = task.read(config.data, config.seed)
     if task.skipped:
         log.warning("%s", task.skipped.summary())
@@ -164,12 +165,14 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
         methods.get(name)(**options).check(task, data, bases[model_name][0])
     for model, _ in bases.values():
         model.to(device)
-    # Everything the user gave has been read and checked: only now does the run directory appear.
-    if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
-    with _logging_to(out_dir / "log.txt" if rank == 0 else None):
+    # Everything the user gave has been read and checked: only now does the run directory appear, held by this
+    # process (rank 0) until the run ends.
+    if rank != 0:
         return _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank)
+    with claim_run_dir(out_dir, resume):
+        write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
+        with _logging_to(out_dir / "log.txt"):
+            return _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank)
 
 
 def _fitted_batch_size(config: RunConfig, n_train: int, given: bool) -> RunConfig:
@@ -214,7 +217,7 @@ def _adapt_steps(
     )
 
     base = bases[None][0]
-    before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank)
+    before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank, resume)
     _warm_up(task, base, data, device, config.batch_size)
     results: dict[str, dict[str, Any]] = {}
     evaluations: dict[str, Evaluation] = {"before": before}
@@ -269,10 +272,11 @@ def evaluate(run: str | Path, data: str | None = None, device: str = "auto") -> 
     raw = task.read(source, config.seed)
     samples = task.test_samples(finished.model, raw)
     evaluation = task.evaluate(finished.model.to(device), samples, device)
-    write_json(
-        finished.path / "evaluations" / f"{Path(source).stem if source else 'default-data'}.json",
-        {"data": source or "the task's default data", "test_samples": len(samples), "metrics": evaluation.metrics},
-    )
+    with claim_run_dir(finished.path, resume=True):
+        write_json(
+            finished.path / "evaluations" / f"{Path(source).stem if source else 'default-data'}.json",
+            {"data": source or "the task's default data", "test_samples": len(samples), "metrics": evaluation.metrics},
+        )
     return evaluation.metrics
 
 
@@ -308,7 +312,6 @@ def predict(run: str | Path, input: str | Path, output: str | Path) -> dict[str,
     writer = csv.DictWriter(text, fieldnames=predictions.columns, lineterminator="\n")
     writer.writeheader()
     writer.writerows(predictions.rows)
-    write_text(output, text.getvalue())
 
     def sha256(path: Path) -> str:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -334,7 +337,9 @@ def predict(run: str | Path, input: str | Path, output: str | Path) -> dict[str,
         **predictions.facts,
         "sha256": files,
     }
-    write_json(output.with_suffix(".json"), record)
+    with claim_file(output):  # the CSV and its record come from one process
+        write_text(output, text.getvalue())
+        write_json(output.with_suffix(".json"), record)
     return record
 
 
@@ -347,6 +352,7 @@ def _init_distributed(device: str) -> None:
 
 
 def _check_out_dir(out_dir: Path, config: RunConfig, resume: bool, fitted: tuple[str, ...] = ()) -> None:
+    check_out_path(out_dir, resume)
     saved = out_dir / "config.yaml"
     if resume:
         if not saved.is_file():
@@ -360,8 +366,6 @@ def _check_out_dir(out_dir: Path, config: RunConfig, resume: bool, fitted: tuple
         if changed:
             details = "; ".join(f"{key}: was {old!r}, now {new!r}" for key, (old, new) in changed.items())
             raise UserError(f"{saved}: --resume must use the same settings as the interrupted run ({details})")
-    elif out_dir.exists() and any(out_dir.iterdir()):
-        raise UserError(f"{out_dir}: already exists; choose another --out, or add --resume to continue that run")
 
 
 @contextmanager
@@ -384,9 +388,10 @@ def _logging_to(path: Path | None) -> Iterator[None]:
 
 
 def _evaluate_or_reuse(
-    task: Task, model: nn.Module, data: TaskData, name: str, out_dir: Path, device: torch.device, rank: int
+    task: Task, model: nn.Module, data: TaskData, name: str, out_dir: Path, device: torch.device, rank: int,
+    resume: bool,
 ) -> Evaluation:
-    saved = _load_result(out_dir, name)
+    saved = _load_result(out_dir, name) if resume else None
     if saved is not None:
         return saved[1]
     evaluation = task.evaluate(model, data.test, device)
@@ -427,14 +432,14 @@ def _run_method(
     With ``save_adapter`` (the chosen method) the adapter is written too, before the result that marks
     the method finished. A ``takes_teacher`` method gets ``teacher()`` when it is given.
     """
-    saved = _load_result(out_dir, entry)
+    saved = _load_result(out_dir, entry) if resume else None
     if saved is not None:
         log.info("%s: finished earlier, reusing its results", entry)
         return saved
     method: Method = methods.get(split_entry(entry)[0])(**options)
     if method.takes_teacher and teacher is not None:
         method.set_teacher(teacher())
-    torch.manual_seed(config.seed)
+    randomness.seed_all(config.seed)
     model = method.prepare(copy.deepcopy(base)).to(device)
     trainable, total = count_parameters(model)
     settings = method.train_settings(
