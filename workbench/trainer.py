@@ -6,8 +6,9 @@ train (``requires_grad``). The same code runs single-process and under ``torchru
 trains on its share of every epoch, gradients are averaged; gloo on CPU, nccl on GPU).
 
 Determinism: epoch ``e`` shuffles with a generator seeded by ``(seed, e)``, and a checkpoint holds every
-other piece of state (parameters, optimizer, scheduler, EMA, early-stopping record), so a run killed
-and resumed gives the same numbers as one left alone.
+other piece of state (parameters, optimizer, scheduler, EMA, early-stopping record, and the state of every global
+random-number generator of every process, `workbench.randomness`), so a run killed after any epoch and resumed
+gives the same numbers as one left alone, dropout included.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
+from workbench import randomness
 from workbench.checkpoint import load_checkpoint, save_checkpoint
 from workbench.ema import ExponentialMovingAverage
 
@@ -227,7 +229,16 @@ class Trainer:
     def _trainable_values(self) -> dict[str, torch.Tensor]:
         return {name: p.detach().clone().cpu() for name, p in zip(self.names, self.params)}
 
-    def _state(self) -> dict[str, Any]:
+    def _random_states(self) -> list[dict[str, Any]]:
+        """Every process's generator states (`workbench.randomness.capture`), in rank order (a collective under DDP)."""
+        mine = randomness.capture()
+        if self.world_size == 1:
+            return [mine]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine)
+        return gathered
+
+    def _state(self, random_states: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "label": self.label,
             "settings": asdict(self.settings),
@@ -240,6 +251,7 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "best": self.best,
             "history": self.history,
+            "random": random_states,
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -258,6 +270,11 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.best, self.history, self.stopped = state["best"], state["history"], state["stopped"]
+        if "random" in state and len(state["random"]) == self.world_size:
+            randomness.restore(state["random"][self.rank])
+        else:
+            log.warning("%s: the checkpoint holds no random-number state for %d process(es); the resumed run draws "
+                        "other random numbers than the uninterrupted one would", self.checkpoint_path, self.world_size)
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> list[dict[str, float]]:
@@ -301,8 +318,10 @@ class Trainer:
                 }
             )
             self.stopped = epoch - max(self.best["epoch"], self.settings.select_from - 1) >= self.settings.patience
-            if self.rank == 0 and self.checkpoint_path is not None:
-                save_checkpoint(self.checkpoint_path, self._state())
+            if self.checkpoint_path is not None:
+                random_states = self._random_states()  # every process takes part
+                if self.rank == 0:
+                    save_checkpoint(self.checkpoint_path, self._state(random_states))
             bar.update(1)
             bar.set_postfix(train=f"{train_loss:.4g}", val=f"{val_loss:.4g}")
             log.debug("%s epoch %d: train %.5g val %.5g (%.2fs)", self.label, epoch, train_loss, val_loss, seconds)
