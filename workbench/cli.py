@@ -30,12 +30,13 @@ EXAMPLES = """examples (every task: workbench list):
 """
 
 
-def _examples() -> str:
-    """The engine's examples, then each registered task's own (`workbench.task.Task.examples`)."""
+def _examples(chosen: dict[str, list[str]] | None) -> str:
+    """The engine's examples, then each registered task's own (`workbench.task.Task.examples`): every task's for
+    help (``chosen`` None), none otherwise."""
     from workbench.registry import tasks
 
     lines = [EXAMPLES.rstrip("\n")]
-    for name, cls in tasks.items():
+    for name, cls in tasks.items() if chosen is None else ():
         lines += [f"  {example}" for example in cls.examples]
     return "\n".join(lines) + "\n"
 
@@ -48,24 +49,27 @@ _OPTION_KINDS = {
 }
 
 
-def _plugin_options(kinds: Sequence[str]) -> dict[str, tuple[Any, list[str]]]:
-    """Every option declared by the registered plug-ins of some kinds: name -> (Option, owners as "KIND NAME")."""
+def _plugin_options(kinds: Sequence[str], chosen: dict[str, list[str]] | None) -> dict[str, tuple[Any, list[str]]]:
+    """Every option declared by the registered plug-ins of some kinds (only the ``chosen`` ones of each kind, unless
+    it is None): name -> (Option, owners as "KIND NAME")."""
     from workbench import registry
 
     found: dict[str, tuple[Any, list[str]]] = {}
     for kind in kinds:
         plugins, attribute = _OPTION_KINDS[kind]
-        for name, cls in getattr(registry, plugins).items():
+        known = getattr(registry, plugins)
+        pairs = known.items() if chosen is None else [(name, known.get(name)) for name in chosen.get(kind, [])]
+        for name, cls in pairs:
             for option in getattr(cls, attribute):
                 found.setdefault(option.name, (option, []))[1].append(f"{kind} {name}")
     return found
 
 
-def _add_plugin_options(parser: argparse.ArgumentParser, *kinds: str) -> None:
+def _add_plugin_options(parser: argparse.ArgumentParser, chosen: dict[str, list[str]] | None, *kinds: str) -> None:
     """One flag per option name of the plug-ins of ``kinds`` (a task and a method may declare the same name: the
     flag then goes to whichever of the two chosen ones declares it, see `_given_options`)."""
     group = parser.add_argument_group("plug-in options (each applies to the plug-ins named)")
-    for name, (option, owners) in sorted(_plugin_options(kinds).items()):
+    for name, (option, owners) in sorted(_plugin_options(kinds, chosen).items()):
         default = f"default {option.default}" if len(owners) == 1 else "default: the plug-in's own"
         text = f"[{', '.join(owners)}] {option.help} ({default})"
         if option.type is bool:  # a switch: present means True
@@ -96,8 +100,50 @@ def _given_options(args: argparse.Namespace, owners: dict[str, tuple[str, Sequen
     return split
 
 
-def build_parser() -> argparse.ArgumentParser:
-    examples = _examples()
+def _chosen_plugins(argv: Sequence[str]) -> dict[str, list[str]] | None:
+    """The plug-ins a command line uses, by kind (``{"task": [...], "method": [...]}``): only their modules need to
+    be imported to parse it. None when it asks for help or names no task: then every plug-in is loaded."""
+    from workbench.registry import tasks
+
+    argv = list(argv)
+    if not argv or "-h" in argv or "--help" in argv:
+        return None
+    if argv[0] == "adapt":
+        values = {}
+        for index, word in enumerate(argv):
+            for flag in ("--domain", "--method"):
+                if word == flag and index + 1 < len(argv):
+                    values[flag] = argv[index + 1]
+                elif word.startswith(flag + "="):
+                    values[flag] = word.split("=", 1)[1]
+        if "--domain" not in values:
+            return None
+        method = values.get("--method") or tasks.get(values["--domain"]).default_method
+        return {"task": [values["--domain"]], "method": [method]}
+    if argv[0] == "data":
+        if len(argv) < 3 or argv[2].startswith("-"):
+            return None
+        return {"task": [argv[2]], "generate": [argv[2]] if argv[1] == "generate" else []}
+    return {}
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line parsed, importing only the plug-ins it names (`_chosen_plugins`); a flag of another
+    plug-in (or a request for help) parses again with every plug-in loaded, for the full help and messages."""
+    chosen = _chosen_plugins(argv)
+    if chosen is not None:
+        try:
+            args, unknown = build_parser(chosen).parse_known_args(argv)
+            if not unknown:
+                return args
+        except SystemExit:
+            pass
+    return build_parser().parse_args(argv)
+
+
+def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, with the options of the ``chosen`` plug-ins (`_chosen_plugins`; None: all)."""
+    examples = _examples(chosen)
     parser = argparse.ArgumentParser(
         prog="workbench",
         description="Adapt pretrained scientific models to your data.",
@@ -125,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
             adapt.add_argument(flag, dest=parameter.name, help=meta["help"] + suffix, **meta["argparse"])
     adapt.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     adapt.add_argument("--quiet", action="store_true", help="no progress bars or table")
-    _add_plugin_options(adapt, "task", "method")
+    _add_plugin_options(adapt, chosen, "task", "method")
 
     evaluate = commands.add_parser("evaluate", help="re-score a finished run on other data")
     evaluate.add_argument("--run", required=True, help="run directory")
@@ -141,14 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub = data_commands.add_parser(action, help=text)
         sub.add_argument("task")
         sub.add_argument("--data", required=action == "check")
-        _add_plugin_options(sub, "task")
+        _add_plugin_options(sub, chosen, "task")
     generate = data_commands.add_parser(
         "generate", help="generate data with the task's generator (real simulators, or known ground truth)"
     )
     generate.add_argument("task")
     generate.add_argument("--out", required=True, help="output folder")
     generate.add_argument("--seed", type=int, help="seed of the generator (default: the task's own)")
-    _add_plugin_options(generate, "task", "generate")
+    _add_plugin_options(generate, chosen, "task", "generate")
 
     predict = commands.add_parser("predict", help="score every record of a folder with a finished run's model")
     predict.add_argument("--run", required=True, help="run directory (from workbench adapt)")
@@ -197,7 +243,7 @@ def _list() -> str:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
     if getattr(args, "quiet", False):
         logging.getLogger().setLevel(logging.WARNING)
     import workbench

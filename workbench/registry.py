@@ -46,11 +46,15 @@ class Registry(Generic[T]):
         self._classes[name] = cls
         return cls
 
-    def _discover(self) -> None:
+    def _discover(self, name: str | None = None) -> None:
+        """Import the plug-in modules of every entry point, or only those of the entry points called ``name``
+        (what one command needs: a run on one task does not pay for every other domain's libraries)."""
         if self._discovered:
             return
-        self._discovered = True
+        self._discovered = name is None
         for entry in entry_points(group=self.group):
+            if name is not None and entry.name != name:
+                continue
             try:
                 import_module(entry.value.split(":")[0])
             except ImportError as error:  # a package of an extra that is not installed: say so when it is asked for
@@ -61,7 +65,10 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         """The class registered as ``name``; an unknown name is a `UserError` listing the known ones."""
-        self._discover()
+        if name not in self._classes:
+            self._discover(name)  # its own entry point first
+        if name not in self._classes and name not in self.unavailable:
+            self._discover()
         if name not in self._classes and name in self.unavailable:
             raise UserError(
                 f"{self.kind} '{name}' cannot be loaded ({self.unavailable[name]}); install the extra that provides "
