@@ -177,6 +177,7 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     evaluate.add_argument("--run", required=True, help="run directory")
     evaluate.add_argument("--data", help="data to score on (default: the run's own); its test split is used")
     evaluate.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    _add_threads(evaluate)
 
     data = commands.add_parser("data", help="inspect, check or generate a task's data")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
@@ -194,12 +195,14 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     generate.add_argument("task")
     generate.add_argument("--out", required=True, help="output folder")
     generate.add_argument("--seed", type=int, help="seed of the generator (default: the task's own)")
+    _add_threads(generate)
     _add_plugin_options(generate, chosen, "task", "generate")
 
     predict = commands.add_parser("predict", help="score every record of a folder with a finished run's model")
     predict.add_argument("--run", required=True, help="run directory (from workbench adapt)")
     predict.add_argument("--input", required=True, help="folder of inputs (records, files: what the run's task reads)")
     predict.add_argument("--output", required=True, help="CSV to write (a .json with hashes is written beside it)")
+    _add_threads(predict)
 
     pretrain = commands.add_parser("pretrain", help="train the task's shipped foundation model from scratch")
     pretrain.add_argument("--domain", required=True)
@@ -209,7 +212,12 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     pretrain.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     pretrain.add_argument("--quiet", action="store_true")
     pretrain.add_argument("--stage", help="what to make, for tasks that pretrain in stages (default: the model)")
+    _add_threads(pretrain)
     return parser
+
+
+def _add_threads(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, help="CPU threads (default: chosen at start, see workbench.threads)")
 
 
 def _list() -> str:
@@ -248,6 +256,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         logging.getLogger().setLevel(logging.WARNING)
     import workbench
     from workbench.registry import methods, tasks
+    from workbench.threads import use_threads
+
+    if args.command != "adapt" and hasattr(args, "threads"):  # adapt chooses its own (and keeps it on --resume)
+        use_threads(args.threads)
 
     if args.command == "list":
         print(_list())

@@ -88,6 +88,14 @@ class RunRequest:
             choices=list(PRECISIONS),
         ),
     )
+    threads: int | None = field(
+        default=None,
+        metadata=_parameter(
+            "CPU threads to compute with (default: the CPUs this process may use less those other processes keep "
+            "busy, chosen at start and kept by --resume; give it for runs comparable bit for bit)",
+            type=int,
+        ),
+    )
     task_options: Mapping[str, Any] = field(default_factory=dict, metadata={"cli": False})
     method_options: Mapping[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
@@ -124,6 +132,8 @@ class RunConfig:
     method_options: dict[str, Any] = field(default_factory=dict)
     #: One of `PRECISIONS` less "auto" (runs written before it existed: "auto", the task's first).
     precision: str = "auto"
+    #: CPU threads the run computed with (`workbench.threads`); 0 until chosen, and in runs written before.
+    threads: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         content = dataclasses.asdict(self)
@@ -225,5 +235,6 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
         task_options=task_options,
         method_options=method_options,
         precision=precision,
+        threads=request.threads or 0,
     )
     return config, warnings

@@ -41,6 +41,7 @@ from workbench.records import SkipReport
 from workbench.registry import methods, tasks
 from workbench.rundir import check_out_path, claim_file, claim_run_dir
 from workbench.task import Evaluation, Task, TaskData
+from workbench.threads import use_threads
 from workbench.trainer import Trainer, TrainSettings, distributed
 
 log = logging.getLogger("workbench")
@@ -67,7 +68,12 @@ class Run:
         for name in ("config.yaml", "metrics.json", "adapter.safetensors", "adapter.json"):
             if not (path / name).is_file():
                 raise UserError(f"{path}: not a finished run ({name} is missing)")
-        return RunConfig.from_dict(yaml.safe_load((path / "config.yaml").read_text()))
+        return Run.read_config_file(path)
+
+    @staticmethod
+    def read_config_file(path: str | Path) -> RunConfig:
+        """The ``config.yaml`` of a run directory, finished or not."""
+        return RunConfig.from_dict(yaml.safe_load((Path(path) / "config.yaml").read_text()))
 
     @classmethod
     def load(cls, path: str | Path) -> "Run":
@@ -137,11 +143,14 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
     for warning in warnings:
         log.warning(warning)
     out_dir = Path(config.out)
-    # a default batch size may shrink to the data (`_fitted_batch_size`): the interrupted run wrote the fitted one
-    _check_out_dir(out_dir, config, resume, fitted=("batch_size",) if request.batch_size is None else ())
+    # chosen by the run: a default batch size may shrink to the data (`_fitted_batch_size`), threads to the machine
+    fitted = tuple(name for name in ("batch_size", "threads") if getattr(request, name) is None)
+    _check_out_dir(out_dir, config, resume, fitted)
     if resume and (out_dir / "metrics.json").is_file():
         log.info("%s is complete; nothing to resume", out_dir)
         return Run.load(out_dir)
+    earlier_threads = Run.read_config_file(out_dir).threads if resume and request.threads is None else 0
+    config = dataclasses.replace(config, threads=use_threads(request.threads or earlier_threads or None))
 
     task: Task = tasks.get(config.task)(**config.task_options)
     task.progress = not quiet
@@ -594,6 +603,7 @@ def _metrics(
         "seed": config.seed,
         "data": data.source,
         "processes": distributed()[1],
+        "threads": config.threads,
         "samples": {"train": len(data.train), "val": len(data.val), "test": len(data.test)},
         "data_summary": data.summary,
         "skipped_records": skipped.to_json(),

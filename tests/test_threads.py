@@ -1,0 +1,56 @@
+"""The thread policy: CPUs the process may use, less those other processes keep busy; kept by --resume."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import workbench
+from workbench.errors import UserError
+from workbench.threads import busy_elsewhere, choose_threads, usable_cpus, use_threads
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="affinity masks are a Linux feature")
+def test_usable_cpus_follow_the_affinity_mask():
+    code = "import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); " \
+           "from workbench.threads import usable_cpus; print(usable_cpus())"  # fmt: skip
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "1"
+    assert 1 <= usable_cpus() <= os.cpu_count()
+
+
+def test_busy_processes_are_seen_and_leave_their_cpus():
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        assert busy_elsewhere() >= 2  # a spinning process is always runnable
+        threads, why = choose_threads()
+        assert threads <= max(1, usable_cpus() - 2) and "busy with other processes" in why
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def test_use_threads_sets_torch_and_refuses_nonsense():
+    before = torch.get_num_threads()
+    try:
+        assert use_threads(1) == 1 and torch.get_num_threads() == 1
+        with pytest.raises(UserError, match="--threads must be at least 1"):
+            use_threads(0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_run_records_its_threads_and_resume_keeps_them(tmp_path):
+    before = torch.get_num_threads()
+    try:
+        run = workbench.adapt("features", epochs=1, baselines=(), quiet=True, out=str(tmp_path / "r"), threads=1)
+        assert run.config.threads == 1 and run.metrics["threads"] == 1
+        with pytest.raises(UserError, match="threads: was 1, now 2"):
+            workbench.adapt("features", epochs=1, baselines=(), quiet=True, out=str(tmp_path / "r"), threads=2,
+                            resume=True)  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
