@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import warnings
 from pathlib import Path
 
@@ -98,6 +99,46 @@ def _loader(kind: str):
         codec_log.setLevel(level)
 
 
+class _Overrun(Exception):
+    """A DICOM element declares more bytes than its file has left."""
+
+
+class _BoundedFile:
+    """A DICOM file for pydicom that refuses to read or skip past its end: an element whose declared length runs past
+    the file is refused before pydicom allocates it (reads of at most `CHUNK` bytes, pydicom's own chunked reads,
+    may ask past the end and get what is left)."""
+
+    CHUNK = 1 << 16  # [bytes]
+
+    def __init__(self, path: Path):
+        self.name, self.size = str(path), path.stat().st_size
+        self._file = open(path, "rb")
+
+    def _refuse(self, wanted: int) -> _Overrun:
+        at = self._file.tell()
+        return _Overrun(f"an element at byte {at:,} declares {wanted:,} bytes, but {self.size - at:,} remain")
+
+    def read(self, size: int = -1) -> bytes:
+        if size is not None and size > max(self.size - self._file.tell(), self.CHUNK):
+            raise self._refuse(size)
+        return self._file.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset + (0, self._file.tell(), self.size)[whence]
+        if target > self.size:
+            raise self._refuse(target - self._file.tell())
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def __enter__(self) -> "_BoundedFile":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._file.close()
+
+
 def _check_readable(path: Path, kind: str, where: str, max_pixels: int):
     """Open the file's header with its library before MONAI reads the pixels (a short, precise message; an image
     over ``max_pixels`` is refused before it is decoded); the DICOM header or None."""
@@ -116,19 +157,26 @@ def _check_readable(path: Path, kind: str, where: str, max_pixels: int):
             import nibabel
 
             shape_ = nibabel.load(path).shape
-            pixels, shape, header = int(np.prod(shape_)), " × ".join(map(str, shape_)), None
+            pixels, shape, header = math.prod(map(int, shape_)), " × ".join(map(str, shape_)), None  # no int64 wrap
         else:
             import pydicom
 
-            first = path if path.is_file() else next((p for p in sorted(path.iterdir()) if p.is_file()), None)
-            if first is None:
+            files = [path] if path.is_file() else [p for p in sorted(path.iterdir()) if p.is_file()]
+            if not files:
                 raise UserError(f"{where}: the DICOM folder {path} holds no file")
-            header = pydicom.dcmread(first, stop_before_pixels=True)
-            slices = int(getattr(header, "NumberOfFrames", 1) or 1) if path.is_file() else len(list(path.iterdir()))
+            for file in reversed(files):  # every file's element lengths checked; the first one's header kept
+                with _BoundedFile(file) as bounded:
+                    header = pydicom.dcmread(bounded, defer_size=_BoundedFile.CHUNK)
+            slices = int(getattr(header, "NumberOfFrames", 1) or 1) if path.is_file() else len(files)
             rows, cols = int(getattr(header, "Rows", 0) or 0), int(getattr(header, "Columns", 0) or 0)
+            samples = int(getattr(header, "SamplesPerPixel", 1) or 1)
+            if samples not in (1, 3, 4):
+                raise UserError(f"{where}: {path} has {samples} samples per pixel; expected 1, 3 or 4")
             pixels, shape = rows * cols * slices, f"{rows} × {cols}" + (f" × {slices}" if slices > 1 else "")
     except UserError:
         raise
+    except _Overrun as error:
+        raise UserError(f"{where}: {path} is not a readable DICOM file: {error}") from None
     except Image.DecompressionBombError as error:  # PIL's own refusal, above 2 × PIL.Image.MAX_IMAGE_PIXELS
         limit = f"expected at most {max_pixels:,} pixels (--max-image-pixels)"
         raise UserError(f"{where}: {path}: {error}; {limit}") from None
@@ -159,6 +207,8 @@ def _read(path: Path, kind: str, where: str, max_pixels: int) -> torch.Tensor:
     if kind == "nifti":
         if has_channels or spatial > 3:
             raise UserError(f"{where}: {path} is 4-D (shape {list(data.shape)}); expected a 2-D image or a 3-D volume")
+        if spatial < 2:
+            raise UserError(f"{where}: {path} is 1-D (shape {list(data.shape)}); expected a 2-D image or a 3-D volume")
         return data.transpose(1, 2)
     photometric = str(getattr(header, "PhotometricInterpretation", "MONOCHROME2")).upper()
     if photometric.startswith("PALETTE"):

@@ -157,6 +157,10 @@ def _load(path: Path) -> Any:
         raise UserError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
     except UnicodeDecodeError as error:
         raise UserError(f"{path}: not UTF-8 text ({error})") from None
+    except ValueError as error:  # an integer past Python's digit limit (4300)
+        raise UserError(f"{path}: a JSON value Python cannot read ({error})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested deeper than the reader follows (Python's recursion limit)") from None
 
 
 class _Record:
@@ -204,16 +208,19 @@ class _Record:
         for path in tried:
             root = self.image_root if self.image_root and path.is_relative_to(self.image_root) else self.root
             try:
-                found = confined(path.absolute(), root, where, self.allow)
-            except PathOutsideData as error:
-                if path.exists():
-                    raise
-                outside.append(error)
-                continue
-            if found.exists():
-                for inner in sorted(found.iterdir()) if found.is_dir() else ():
-                    confined(inner, root, where, self.allow)
-                return found
+                try:
+                    found = confined(path.absolute(), root, where, self.allow)
+                except PathOutsideData as error:
+                    if path.exists():
+                        raise
+                    outside.append(error)
+                    continue
+                if found.exists():
+                    for inner in sorted(found.iterdir()) if found.is_dir() else ():
+                        confined(inner, root, where, self.allow)
+                    return found
+            except (OSError, ValueError, RuntimeError) as error:  # NUL, unencodable, too long, a loop of links
+                raise self.error(name, "a file path", f"{path.name!r:.60} ({type(error).__name__}: {error!s:.120})")
         if outside and len(outside) == len(tried):
             raise outside[0]
         looked = ", ".join(str(p) for p in tried[:4])
