@@ -260,7 +260,7 @@ BAD_RECORDS = {
     "truncated": ({"after": _truncate}, ".dat", "truncated data file"),
     "header/data mismatch": ({"after": _extra_bytes}, ".dat", "header/data mismatch"),
     "checksum": ({"after": _corrupt}, ".dat", "checksum of lead"),
-    "missing data": ({"after": lambda base: base.with_suffix(".dat").unlink()}, ".dat", "data file missing"),
+    "missing data": ({"after": lambda base: base.with_suffix(".dat").unlink()}, ".hea", "data file missing"),
     "NaN": ({"nan_lead": 7}, ".dat", "NaN in lead V2"),
     "missing lead": ({"drop_lead": 10}, ".hea", "missing lead(s) V5"),
     "flat lead": ({"flat_lead": 3}, ".hea", "flat lead(s) aVR"),

@@ -41,6 +41,7 @@ from workbench.domains.ecg.preprocess import LEADS, EcgPreprocessing, preprocess
 
 from workbench.datacard import DataCard, load_card
 from workbench.errors import UserError, field_error
+from workbench.paths import confined
 from workbench.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,8 @@ SNOMED_SUPERCLASSES: dict[str, str] = {
 }
 
 # WFDB storage formats: bytes per sample (for the size check) and the digital value meaning "no sample".
-_BYTES_PER_SAMPLE = {"8": 1, "16": 2, "24": 3, "32": 4, "61": 2, "80": 1, "160": 2, "212": 1.5, "310": 4 / 3}
+_BYTES_PER_SAMPLE = {"8": 1, "16": 2, "24": 3, "32": 4, "61": 2, "80": 1, "160": 2, "212": 1.5, "310": 4 / 3,
+                     "311": 4 / 3}
 _MISSING_VALUE = {"16": -(2**15), "61": -(2**15), "160": -(2**15), "24": -(2**23), "32": -(2**31), "80": -(2**7)}
 _MISSING_VALUE.update({"212": -(2**11), "310": -(2**9), "311": -(2**9)})
 _UNITS_PER_MV = {"mv": 1.0, "uv": 1000.0, "μv": 1000.0, "µv": 1000.0, "v": 0.001, "nv": 1e6}
@@ -146,6 +148,8 @@ def read_raw_record(
     leads: Sequence[str] = LEADS,
     expected_rate_hz: float | None = None,
     verify_checksums: bool = True,
+    root: str | Path | None = None,
+    allow_outside: bool = False,
 ) -> RawEcg:
     """Read and check one WFDB record; physical units ``(digital − baseline) / gain`` converted to mV.
 
@@ -154,10 +158,14 @@ def read_raw_record(
         leads: the leads to return, in this order; names match case-insensitively.
         expected_rate_hz: the rate the layout promises (100 for PTB-XL's records100/); None accepts any.
         verify_checksums: compare each signal's 16-bit sum with the header's checksum.
+        root: the data folder the header's data files must lie in (default: the header's own folder).
+        allow_outside: read data files the header names outside ``root`` (``--allow-paths-outside``).
 
     Raises:
-        BadRecordError: naming the file and the problem (missing or truncated file, header/data mismatch,
-            checksum, missing lead, NaN samples, flat lead, unexpected rate, unreadable file).
+        BadRecordError: naming the file and the problem (missing or truncated file, a header field out of range
+            — no signal, no or a negative sample count, a rate that is not a positive number, an unknown storage
+            format —, header/data mismatch, checksum, missing lead, NaN samples, flat lead, unexpected rate,
+            unreadable file). `workbench.paths.PathOutsideData`: a data file named outside ``root``.
     """
     import wfdb
 
@@ -171,12 +179,13 @@ def read_raw_record(
         raise BadRecordError(header_path, f"unreadable WFDB header ({error})") from None
     if not hasattr(header, "sig_name") or getattr(header, "seg_name", None):
         raise BadRecordError(header_path, "a multi-segment record; expected a single-segment 12-lead record")
+    _check_record_line(header_path, header)
     fs = float(header.fs)
     if expected_rate_hz is not None and not math.isclose(fs, expected_rate_hz, rel_tol=1e-6):
         raise BadRecordError(header_path, f"sampling rate {fs:g} Hz, expected {expected_rate_hz:g} Hz")
     names = [str(name) for name in (header.sig_name or [])]
     columns = _lead_columns(header_path, names, leads)
-    _check_data_files(base, header)
+    _check_data_files(base, header, Path(root) if root is not None else base.parent, allow_outside)
     try:
         record = wfdb.rdrecord(str(base), physical=False, return_res=64)
     except Exception as error:
@@ -220,6 +229,12 @@ def read_raw_record(
                     f"(first at sample {int(np.flatnonzero(nan)[0])})",
                 )
         signal[row] = (values - baseline) / gain / per_mv
+        if not np.isfinite(signal[row]).all():
+            raise BadRecordError(
+                header_path,
+                f"lead {lead}: ADC gain {gain:g} and baseline {baseline:g} give values that are not finite in mV; "
+                "expected a gain in ADC units per physical unit (such as 200 or 1000 per mV)",
+            )
     flat = [leads[row] for row in range(len(columns)) if np.ptp(signal[row]) == 0]
     if flat:
         raise BadRecordError(header_path, f"flat lead(s) {', '.join(flat)}: constant signal (electrode not connected?)")
@@ -244,22 +259,48 @@ def _data_path(base: Path, file_name: str) -> Path:
     return base.parent / file_name
 
 
-def _check_data_files(base: Path, header) -> None:
-    """Every data file exists and holds exactly the bytes the header implies."""
+def _check_record_line(header_path: Path, header) -> None:
+    """The record line's numbers are usable: at least one signal, a positive sample count (this reader needs it;
+    the data files' sizes are checked against it before anything is read) and a positive finite rate [Hz]."""
+    n_sig, sig_len, fs = header.n_sig, header.sig_len, header.fs
+    if not isinstance(n_sig, (int, np.integer)) or n_sig < 1:
+        raise BadRecordError(header_path, f"record line: {n_sig} signals, expected at least one signal")
+    if not isinstance(sig_len, (int, np.integer)) or sig_len < 1:
+        raise BadRecordError(
+            header_path, f"record line: number of samples {sig_len}, expected a positive count (the 4th field)"
+        )
+    if not isinstance(fs, (int, float, np.number)) or not (math.isfinite(float(fs)) and float(fs) > 0):
+        raise BadRecordError(header_path, f"record line: sampling rate {fs} Hz, expected a positive number")
+
+
+def _check_data_files(base: Path, header, root: Path, allow_outside: bool) -> None:
+    """Every data file lies inside ``root`` (unless ``allow_outside``), exists and holds exactly the bytes the header
+    implies, in a storage format this reader knows — checked before any sample is read, so that a header claiming
+    10^12 samples is refused by the file's size instead of allocating them."""
+    header_path = base.with_name(base.name + ".hea")
     if getattr(header, "samps_per_frame", None) and any(int(s or 1) != 1 for s in header.samps_per_frame):
-        raise BadRecordError(base.with_name(base.name + ".hea"), "several samples per frame; not supported")
+        raise BadRecordError(header_path, "several samples per frame; not supported")
     groups: dict[str, list[int]] = {}
     for index, name in enumerate(header.file_name):
         groups.setdefault(name, []).append(index)
     for name, indices in groups.items():
+        relative = Path(os.path.relpath(base.parent.resolve(), Path(root).resolve())) / name
+        confined(relative, root, str(header_path), allow_outside)
         data = _data_path(base, name)
         if not data.is_file():
-            raise BadRecordError(data, "data file missing (named in the header)")
+            raise BadRecordError(header_path, f"data file missing: {name}, named in the header (looked for {data})")
         fmt = str(header.fmt[indices[0]])
         per_sample = _BYTES_PER_SAMPLE.get(fmt)
-        if per_sample is None:  # compressed (FLAC) or exotic formats: wfdb checks them while reading
-            continue
+        if per_sample is None:
+            raise BadRecordError(
+                header_path,
+                f"storage format {fmt!r} of {name}: not one this reader knows ({', '.join(_BYTES_PER_SAMPLE)})",
+            )
+        if any(str(header.fmt[index]) != fmt for index in indices):
+            raise BadRecordError(header_path, f"the signals of {name} have different storage formats")
         offset = int((header.byte_offset or [None] * header.n_sig)[indices[0]] or 0)
+        if offset < 0:
+            raise BadRecordError(header_path, f"byte offset {offset} of {name}: expected 0 or more")
         expected = offset + math.ceil(header.sig_len * len(indices) * per_sample)
         size = os.path.getsize(data)
         how = f"{header.sig_len} samples × {len(indices)} signals × {per_sample:g} bytes (format {fmt})"
@@ -276,6 +317,8 @@ def read_record(
     settings: EcgPreprocessing | None = None,
     *,
     expected_rate_hz: float | None = None,
+    root: str | Path | None = None,
+    allow_outside: bool = False,
 ) -> tuple[np.ndarray, float]:
     """One WFDB record as a model input (for batch prediction): checked, then `preprocess`-ed.
 
@@ -283,6 +326,7 @@ def read_record(
         path: the record (``.hea``, its data file, or the name without extension).
         settings: the preprocessing; default `EcgPreprocessing()` (H-Tuning's 500 Hz, 6144 samples).
         expected_rate_hz: the rate the record must have; None accepts any the settings can filter.
+        root, allow_outside: the data folder the header's data files must lie in, as `read_raw_record`.
 
     Returns:
         ``(signal (n_leads, n_samples) float32, sampling rate [Hz])``.
@@ -291,16 +335,21 @@ def read_record(
         BadRecordError: the same checks as `read_raw_record`, plus a rate or length the settings cannot use.
     """
     settings = settings or EcgPreprocessing()
-    signal, fs, _ = _prepared(path, settings, expected_rate_hz)
+    signal, fs, _ = _prepared(path, settings, expected_rate_hz, root, allow_outside)
     return signal, fs
 
 
-def _prepared(path, settings: EcgPreprocessing, expected_rate_hz: float | None):
-    raw = read_raw_record(path, leads=settings.leads, expected_rate_hz=expected_rate_hz)
+def _prepared(path, settings: EcgPreprocessing, expected_rate_hz: float | None, root=None, allow_outside=False):
+    raw = read_raw_record(
+        path, leads=settings.leads, expected_rate_hz=expected_rate_hz, root=root, allow_outside=allow_outside
+    )
     problem = settings.rate_problem(raw.fs_hz) or settings.length_problem(raw.signal_mv.shape[1], raw.fs_hz)
     if problem:
         raise BadRecordError(raw.record + ".hea", problem)
-    signal, fs_out, n_real = preprocess(raw.signal_mv, raw.fs_hz, settings)
+    try:
+        signal, fs_out, n_real = preprocess(raw.signal_mv, raw.fs_hz, settings)
+    except UserError as error:  # the preprocessing names the step, the record is named here
+        raise BadRecordError(raw.record + ".hea", str(error)) from None
     return signal, fs_out, n_real
 
 
@@ -371,10 +420,12 @@ def _on_error(value: str | None, card: DataCard) -> str:
 
 
 class _Collector:
-    """Preprocessed records in order; skips or raises bad ones as ``on_error`` says."""
+    """Preprocessed records in order; skips or raises bad ones as ``on_error`` says. Data files named outside
+    ``root`` (`workbench.paths.PathOutsideData`) are never skipped: they stop the read."""
 
-    def __init__(self, settings: EcgPreprocessing, n_max: int, on_error: str):
+    def __init__(self, settings: EcgPreprocessing, n_max: int, on_error: str, root: Path, allow_outside: bool):
         self.settings, self.on_error = settings, on_error
+        self.root, self.allow_outside = root, allow_outside
         self.skipped = SkipReport()
         self.kept: list[int] = []
         self.lengths: list[int] = []
@@ -391,7 +442,7 @@ class _Collector:
         try:
             if problem:
                 raise BadRecordError(path, problem)
-            signal, fs, n_real = _prepared(path, self.settings, expected_rate_hz)
+            signal, fs, n_real = _prepared(path, self.settings, expected_rate_hz, self.root, self.allow_outside)
         except BadRecordError as error:
             if where:
                 error = BadRecordError(error.record, f"{error.problem} ({where})")
@@ -445,7 +496,10 @@ def _multi_hot(label_lists: Sequence[Sequence[str]], classes: Sequence[str]) -> 
 
 # ----------------------------------------------------------------------------------------------- PTB-XL
 def ptbxl_superclasses(
-    scp_codes: Sequence[Mapping[str, float]], statements, min_likelihood: float = 0.0
+    scp_codes: Sequence[Mapping[str, float]],
+    statements,
+    min_likelihood: float = 0.0,
+    source: str | Path = "scp_statements.csv",
 ) -> list[list[str]]:
     """Superdiagnostic classes of each record: ``diagnostic_class`` of its diagnostic SCP codes.
 
@@ -454,12 +508,13 @@ def ptbxl_superclasses(
         statements: ``scp_statements.csv`` as a DataFrame indexed by SCP code.
         min_likelihood: ignore codes whose likelihood is below this [%]; 0 keeps every code, as the
             PTB-XL authors' example does.
+        source: the statements' file, named in errors.
 
     Returns: one sorted list of distinct classes per record (empty when no code is diagnostic).
     """
     for column in ("diagnostic", "diagnostic_class"):
         if column not in statements.columns:
-            raise UserError(f"scp_statements.csv: column '{column}' missing (found {list(statements.columns)})")
+            raise UserError(f"{source}: column '{column}' missing (found {list(statements.columns)})")
     diagnostic = statements[statements["diagnostic"] == 1]
     to_class = {str(code): str(name) for code, name in diagnostic["diagnostic_class"].items() if isinstance(name, str)}
     return [
@@ -506,6 +561,13 @@ def read_ptbxl_tables(root: str | Path):
         if column not in database.columns:
             raise field_error(path, column, "a column of PTB-XL's ptbxl_database.csv", "none")
     database = database.copy()
+    folds = pd.to_numeric(database["strat_fold"], errors="coerce")
+    bad = ~(np.isfinite(folds) & (folds == np.round(folds)))
+    if bad.any():
+        first = int(np.flatnonzero(bad.to_numpy())[0])
+        ecg_id, found = database.index[first], repr(database["strat_fold"].iloc[first])
+        raise field_error(path, "strat_fold", f"a whole fold number (1-10) for ecg_id {ecg_id}", found)
+    database["strat_fold"] = folds.astype(np.int64)
     database["scp_codes"] = [_parse_scp_codes(path, i, text) for i, text in database["scp_codes"].items()]
     return database, statements
 
@@ -522,6 +584,7 @@ def read_ptbxl(
     min_likelihood: float = 0.0,
     card: str = "ptbxl",
     progress: bool = False,
+    allow_outside: bool = False,
 ) -> EcgSet:
     """Read PTB-XL (or a set in its layout) with its superdiagnostic labels, folds and sites.
 
@@ -539,6 +602,8 @@ def read_ptbxl(
         min_likelihood: minimum likelihood [%] of an SCP code to count (0: every code, as PTB-XL's example).
         card: the data card naming the rates of the two columns and the default ``on_bad_record``.
         progress: show a progress bar.
+        allow_outside: read records that ``filename_lr`` / ``filename_hr`` (or their headers) name outside ``root``
+            (``--allow-paths-outside``); by default such a path stops the read (`workbench.paths.PathOutsideData`).
     """
     settings = settings or EcgPreprocessing()
     data_card = load_card(card)
@@ -551,7 +616,9 @@ def read_ptbxl(
     database, statements = read_ptbxl_tables(root)
     if folds is not None:
         database = database[database["strat_fold"].isin(list(folds))]
-    label_lists = ptbxl_superclasses(database["scp_codes"].tolist(), statements, min_likelihood)
+    label_lists = ptbxl_superclasses(
+        database["scp_codes"].tolist(), statements, min_likelihood, root / "scp_statements.csv"
+    )
     has_label = np.array([any(name in classes for name in names) for names in label_lists], dtype=bool)
     dropped = tuple(str(i) for i in database.index[~has_label]) if unlabelled == "drop" else ()
     if unlabelled == "drop":
@@ -563,7 +630,8 @@ def read_ptbxl(
         order = ("filename_lr", "filename_hr")
     if resolution != "auto":
         order = order[:1]
-    collector = _Collector(settings, len(database), on_error)
+    collector = _Collector(settings, len(database), on_error, root, allow_outside)
+    table = root / "ptbxl_database.csv"
     rows = database.itertuples()
     for position, row in enumerate(tqdm(rows, total=len(database), desc="PTB-XL records", disable=not progress)):
         column = next((name for name in order if isinstance(getattr(row, name), str) and getattr(row, name)), None)
@@ -572,7 +640,8 @@ def read_ptbxl(
             collector.add(position, root / "ptbxl_database.csv", problem=problem, where=f"ecg_id {row.Index}")
             continue
         where = f"ecg_id {row.Index}, {column}"
-        collector.add(position, root / getattr(row, column), expected_rate_hz=rates.get(column), where=where)
+        path = confined(getattr(row, column), root, f"{table} ({where})", allow_outside)
+        collector.add(position, path, expected_rate_hz=rates.get(column), where=where)
     kept = collector.kept
     sites = None
     if "site" in database.columns:
@@ -656,6 +725,7 @@ def read_cinc2021(
     unlabelled: str = "drop",
     card: str = "cinc2021",
     progress: bool = False,
+    allow_outside: bool = False,
 ) -> EcgSet:
     """Read PhysioNet/CinC 2021 style records (every ``*.hea`` below ``root``) with ``# Dx:`` labels.
 
@@ -672,6 +742,8 @@ def read_cinc2021(
         unlabelled: ``"drop"`` or ``"keep"`` records none of whose codes maps to ``classes``.
         card: the data card giving the default ``on_bad_record``.
         progress: show a progress bar.
+        allow_outside: read data files that headers name outside ``root`` (``--allow-paths-outside``); by
+            default such a header stops the read (`workbench.paths.PathOutsideData`).
 
     Sites are the first folder below ``root`` (``cpsc_2018``, ``georgia``, ...), or for records directly
     in ``root`` the letters their name starts with (A, E, HR, I, JS, Q, S).
@@ -694,7 +766,7 @@ def read_cinc2021(
         raise UserError(f"{root}: no WFDB header (*.hea) found in this folder or below")
     import wfdb
 
-    collector = _Collector(settings, len(headers), on_error)
+    collector = _Collector(settings, len(headers), on_error, root, allow_outside)
     label_lists: list[list[str]] = []
     names: list[str] = []
     sites: list[str] = []

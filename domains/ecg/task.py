@@ -202,13 +202,12 @@ class PtbXl(Task):
 
     def _read_folder(self, path: Path) -> EcgSet:
         """``path`` in PTB-XL's layout (``ptbxl_database.csv`` there) or as CinC 2021 records (``*.hea`` below)."""
-        on_error = self.config["on_bad_record"]
+        options = {"on_error": self.config["on_bad_record"], "progress": self.progress,
+                   "allow_outside": self.config["allow_paths_outside"]}  # fmt: skip
         if (path / "ptbxl_database.csv").is_file():
-            return read_ptbxl(path, PREPROCESSING, on_error=on_error, card="ptbxl", progress=self.progress)
+            return read_ptbxl(path, PREPROCESSING, card="ptbxl", **options)
         if path.is_dir() and next(path.rglob("*.hea"), None) is not None:
-            return read_cinc2021(
-                path, PREPROCESSING, classes=SUPERCLASSES, on_error=on_error, card="cinc2021", progress=self.progress
-            )
+            return read_cinc2021(path, PREPROCESSING, classes=SUPERCLASSES, card="cinc2021", **options)
         raise UserError(
             f"{path}: expected a folder in PTB-XL's layout (ptbxl_database.csv, scp_statements.csv, records100/, "
             "records500/) or PhysioNet/CinC 2021 records (<name>.hea + <name>.mat with '# Dx:' codes)"
@@ -324,7 +323,7 @@ class PtbXl(Task):
         for header in headers:
             row: dict[str, Any] = {"record": str(header.relative_to(folder).with_suffix(""))}
             try:
-                signal, _ = read_record(header, settings)
+                signal, _ = read_record(header, settings, root=folder, allow_outside=self.config["allow_paths_outside"])
             except BadRecordError as error:
                 rows.append({**row, "status": f"error: {error.problem}"})
                 continue

@@ -296,28 +296,44 @@ def _bnci_run(path: Path, index: int, run):
     for name in ("X", "trial", "y", "fs"):
         if not hasattr(run, name):
             raise field_error(path, f"{where}.{name}", "a field of BNCI's run struct", "none")
-    x = np.asarray(run.X, float)
+    x = _numbers(path, f"{where}.X", run.X)
     n_columns = len(BCI2A_CHANNELS) + len(BCI2A_EOG)
-    if x.ndim != 2 or x.shape[1] != n_columns:
+    if x.ndim != 2 or x.shape[1] != n_columns or not x.shape[0]:
         raise field_error(path, f"{where}.X", f"samples x {n_columns} (22 EEG + 3 EOG) [µV]", f"shape {x.shape}")
-    fs = float(run.fs)
+    if not np.isfinite(x).all():
+        raise field_error(path, f"{where}.X", "finite samples [µV]", f"{int((~np.isfinite(x)).sum())} NaN or inf")
+    fs = _numbers(path, f"{where}.fs", run.fs)
+    if fs.size != 1 or not (np.isfinite(fs).all() and float(fs.ravel()[0]) > 0):
+        raise field_error(path, f"{where}.fs", "one positive sampling rate [Hz]", f"{fs.ravel()[:4].tolist()}")
+    fs = float(fs.ravel()[0])
     info = mne.create_info([*BCI2A_CHANNELS, *BCI2A_EOG], fs, ch_types=["eeg"] * 22 + ["eog"] * 3)
     raw = mne.io.RawArray(x.T * 1e-6, info, verbose="error")
-    trial = np.atleast_1d(np.asarray(run.trial, float)).ravel()
+    trial = _numbers(path, f"{where}.trial", run.trial).ravel()
     if not trial.size:
         return raw, None
-    y = np.atleast_1d(np.asarray(run.y)).astype(np.int64).ravel()
-    artifacts = np.atleast_1d(np.asarray(getattr(run, "artifacts", np.zeros_like(y)))).astype(np.int64).ravel()
+    y = _numbers(path, f"{where}.y", run.y).ravel()
+    artifacts = _numbers(path, f"{where}.artifacts", getattr(run, "artifacts", np.zeros_like(y))).ravel()
     if y.shape != trial.shape or artifacts.shape != trial.shape:
         found = f"y {y.size}, artifacts {artifacts.size}"
         raise field_error(path, f"{where}.y", f"{trial.size} entries (one per trial), artifacts too", found)
     if not np.isin(y, [1, 2, 3, 4]).all():
-        raise field_error(path, f"{where}.y", "classes 1-4", f"{sorted(set(y.tolist()))}")
-    if (trial < 1).any() or (trial > x.shape[0]).any():
+        raise field_error(path, f"{where}.y", "classes 1-4", f"{sorted(set(y.tolist()))[:8]}")
+    if not np.isin(artifacts, [0, 1]).all():
+        raise field_error(path, f"{where}.artifacts", "0 or 1 per trial", f"{sorted(set(artifacts.tolist()))[:8]}")
+    if not np.isfinite(trial).all() or (trial < 1).any() or (trial > x.shape[0]).any():
         raise field_error(
             path, f"{where}.trial", f"1-based samples within 1..{x.shape[0]}", f"{trial.min():g}..{trial.max():g}"
         )
-    return raw, ((trial - 1) / fs, y, artifacts)
+    return raw, ((trial - 1) / fs, y.astype(np.int64), artifacts.astype(np.int64))
+
+
+def _numbers(path: Path, field: str, value) -> np.ndarray:
+    """``value`` (a field of a BNCI run) as a float array (at least 1-D), or a `field_error` naming it."""
+    try:
+        return np.atleast_1d(np.asarray(value, dtype=float))
+    except (TypeError, ValueError):
+        found = type(value).__name__ if not isinstance(value, np.ndarray) else f"an array of {value.dtype}"
+        raise field_error(path, field, "numbers", found) from None
 
 
 # --------------------------------------------------------------------------------------------- EEGMMIDB

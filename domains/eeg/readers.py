@@ -152,6 +152,8 @@ class EdfHeader:
         record_s: bytes 244-251, the duration of a data record [s].
         samples_per_record: per signal, its number of samples in each data record.
         bytes_per_sample: 2 (EDF) or 3 (BDF).
+        labels: per signal, its label (bytes 256 + 16 i, stripped).
+        ranges: per signal, its physical and digital (min, max, min, max) as written (stripped text).
     """
 
     start: datetime.datetime | None
@@ -160,6 +162,8 @@ class EdfHeader:
     record_s: float
     samples_per_record: tuple[int, ...]
     bytes_per_sample: int
+    labels: tuple[str, ...] = ()
+    ranges: tuple[tuple[str, str, str, str], ...] = ()
 
     @property
     def record_bytes(self) -> int:
@@ -194,10 +198,24 @@ def read_edf_header(path: str | Path) -> EdfHeader:
                 f"EDF header field 'number of bytes in header record' (bytes 184-191) is {header_bytes}, expected "
                 f"256 x (1 + {n_signals} signals) = {256 * (1 + n_signals)}",
             )
-        handle.seek(256 + 216 * n_signals)  # labels 16, transducer 80, dimension 8, 4 ranges x 8, prefiltering 80
-        field = handle.read(8 * n_signals)
-    if len(field) < 8 * n_signals:
+        if not (math.isfinite(record_s) and record_s >= 0):
+            raise BadRecordError(
+                path, f"EDF header field 'duration of a data record' (bytes 244-251) is {record_s:g}, expected a "
+                "duration of 0 s or more",
+            )
+        # per signal: labels 16, transducer 80, dimension 8, physical min / max and digital min / max 8 each,
+        # prefiltering 80, samples per data record 8, reserved 32
+        signals = handle.read(256 * n_signals)
+    if len(signals) < 256 * n_signals:
         raise BadRecordError(path, f"the header is cut: {n_signals} signals need {header_bytes} header bytes")
+
+    def texts(start: int, width: int) -> list[str]:
+        begin = start * n_signals
+        return [signals[begin + width * i : begin + width * (i + 1)].decode("ascii", "replace").strip()
+                for i in range(n_signals)]  # fmt: skip
+
+    field = signals[216 * n_signals : 224 * n_signals]
+    ranges = tuple(zip(*(texts(start, 8) for start in (104, 112, 120, 128))))
     samples = []
     for i in range(n_signals):
         text = field[8 * i : 8 * i + 8].decode("ascii", "replace").strip()
@@ -205,7 +223,33 @@ def read_edf_header(path: str | Path) -> EdfHeader:
             raise BadRecordError(path, f"EDF header: samples per data record of signal {i + 1} is {text!r}")
         samples.append(int(text))
     bytes_per_sample = 3 if fixed[:1] == b"\xff" else 2  # BDF's version is 0xFF "BIOSEMI"
-    return EdfHeader(_edf_start(fixed[168:184]), header_bytes, n_records, record_s, tuple(samples), bytes_per_sample)
+    return EdfHeader(
+        _edf_start(fixed[168:184]), header_bytes, n_records, record_s, tuple(samples), bytes_per_sample,
+        tuple(texts(0, 16)), ranges,
+    )  # fmt: skip
+
+
+def check_calibration(path: str | Path, header: EdfHeader, channels: Sequence[str]) -> None:
+    """A `BadRecordError` naming the file, the channel and the field when a channel to be read has a physical or
+    digital range MNE cannot scale by: not numbers, digital maximum not above the minimum, or physical minimum equal
+    to the maximum (a gain of 0 or infinity: a zero or non-finite signal)."""
+    for label, (pmin, pmax, dmin, dmax) in zip(header.labels, header.ranges):
+        if label not in channels:
+            continue
+        try:
+            numbers = [float(text) for text in (pmin, pmax, dmin, dmax)]
+        except ValueError:
+            numbers = []
+        if not (numbers and all(map(math.isfinite, numbers))):
+            raise BadRecordError(
+                path, f"EDF header: channel {label!r} has physical range {pmin!r} to {pmax!r} and digital range "
+                f"{dmin!r} to {dmax!r}; expected four finite numbers",
+            )
+        if not numbers[3] > numbers[2] or numbers[0] == numbers[1]:
+            raise BadRecordError(
+                path, f"EDF header: channel {label!r} has physical range {pmin} to {pmax} and digital range {dmin} to "
+                f"{dmax}; expected a digital maximum above the minimum and two different physical limits",
+            )
 
 
 def _edf_start(field: bytes) -> datetime.datetime | None:
@@ -281,12 +325,9 @@ def read_recording(
     import mne
 
     path = Path(path)
-    if path.suffix.lower() in _EDF_SUFFIXES and path.is_file():
-        check_edf_size(path)
-    try:
+    edf = check_edf_size(path) if path.suffix.lower() in _EDF_SUFFIXES and path.is_file() else None
+    with _mne_reading(path):
         header = mne.io.read_raw(path, preload=False, verbose="error")
-    except Exception as error:  # MNE raises many kinds for a malformed file
-        raise BadRecordError(path, f"not a recording MNE can read ({type(error).__name__}: {error})") from None
     kinds = header.get_channel_types()
     found, missing = match_channels(
         header.ch_names, channels, source=str(path), kinds=kinds, rename=rename, allow_interpolation=allow_interpolation
@@ -294,14 +335,21 @@ def read_recording(
     include = list(found.values())
     helpers = [name for name in interpolation_sources(header.ch_names, kinds, rename).values() if name not in include]
     native = None
-    if path.suffix.lower() in _PER_CHANNEL_RATES:
-        native = {name: _native_sfreq(path, name) for name in include}
-        if missing:  # interpolate from the file's other 10-20 channels stored at the wanted channels' rate
-            rate = max(native.values(), default=0.0)
-            include += [name for name in helpers if _native_sfreq(path, name) == rate]
-        raw = mne.io.read_raw(path, include=include, preload=True, verbose="error")
-    else:
-        raw = header.pick(include + (helpers if missing else [])).load_data(verbose="error")
+    with _mne_reading(path):
+        if path.suffix.lower() in _PER_CHANNEL_RATES:
+            native = {name: _native_sfreq(path, name, edf) for name in include}
+            if missing:  # interpolate from the file's other 10-20 channels stored at the wanted channels' rate
+                rate = max(native.values(), default=0.0)
+                include += [name for name in helpers if _native_sfreq(path, name, edf) == rate]
+            if edf is not None:
+                check_calibration(path, edf, include)
+            raw = mne.io.read_raw(path, include=include, preload=True, verbose="error")
+        else:
+            raw = header.pick(include + (helpers if missing else [])).load_data(verbose="error")
+    finite = np.isfinite(raw.get_data()).all(axis=1)
+    if not finite.all():
+        bad = [name for name, ok in zip(raw.ch_names, finite) if not ok]
+        raise BadRecordError(path, f"channel(s) {', '.join(bad)} hold samples that are not finite numbers (NaN or inf)")
     return select_channels(
         raw,
         channels,
@@ -314,10 +362,24 @@ def read_recording(
     )
 
 
-def _native_sfreq(path: Path, channel: str) -> float:
-    """The rate [Hz] at which ``channel`` is stored (the header read with only that channel)."""
+@contextmanager
+def _mne_reading(path: Path):
+    """Turn what MNE raises on a malformed file (many kinds) into a `BadRecordError` naming it; ours pass through."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as error:
+        raise BadRecordError(path, f"not a recording MNE can read ({type(error).__name__}: {error})") from None
+
+
+def _native_sfreq(path: Path, channel: str, edf: EdfHeader | None = None) -> float:
+    """The rate [Hz] at which ``channel`` is stored: from the EDF/BDF header ``edf`` (samples per data record / its
+    duration) when it names the channel once, else from MNE reading the header with only that channel."""
     import mne
 
+    if edf is not None and edf.record_s > 0 and edf.labels.count(channel) == 1:
+        return edf.samples_per_record[edf.labels.index(channel)] / edf.record_s
     return float(mne.io.read_raw(path, include=[channel], preload=False, verbose="error").info["sfreq"])
 
 

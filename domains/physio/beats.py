@@ -147,9 +147,12 @@ def read_annotated_beats(
     expected_rate_hz: float | None = None,
     class_of: Mapping[str, str] = AAMI_CLASS_OF,
     classes: Sequence[str] = AAMI_CLASSES,
+    root: str | Path | None = None,
+    allow_outside: bool = False,
 ) -> RecordBeats:
     """One record's beats, each with its label, R-peak sample and annotation symbol (options: `read_beat_folder`'s;
-    ``class_of`` maps symbols to classes, beats of a class not in ``classes`` are counted, not read).
+    ``class_of`` maps symbols to classes, beats of a class not in ``classes`` are counted, not read; ``root`` the data
+    folder the header's data files must lie in, default the header's own, unless ``allow_outside``).
 
     Raises:
         BadRecordError: the record's checks (`workbench.domains.ecg.readers.read_raw_record`: missing or truncated
@@ -159,13 +162,16 @@ def read_annotated_beats(
     """
     import wfdb
 
-    raw = read_raw_record(path, leads=(lead,), expected_rate_hz=expected_rate_hz)
+    raw = read_raw_record(
+        path, leads=(lead,), expected_rate_hz=expected_rate_hz, root=root, allow_outside=allow_outside
+    )
     base = Path(raw.record)
     annotation_path = base.with_name(f"{base.name}.{extension}")
     if not annotation_path.is_file():
         raise BadRecordError(
             annotation_path, f"annotation file missing (the beats of a record are in its .{extension})"
         )
+    _refuse_looping_notes(annotation_path)
     try:
         annotation = wfdb.rdann(str(base), extension)
     except Exception as error:  # wfdb raises many kinds for a damaged annotation file
@@ -206,6 +212,42 @@ def read_annotated_beats(
                        excluded, raw.fs_hz)  # fmt: skip
 
 
+def _refuse_looping_notes(path: Path) -> None:
+    """A `BadRecordError` for an annotation file on which ``wfdb.rdann`` would never return.
+
+    wfdb 4.3 (``annotation.interpret_defintion_annotations``) reads the notes at sample 0 that start with ``## ``
+    as the time resolution (``## time resolution: 360``) or label definitions; any other such note (a damaged
+    ``## time resolution``, say) makes it loop forever. Its loop is replayed here on the parsed notes, without
+    the bug, to refuse that file first.
+    """
+    from wfdb.io import annotation as ann
+
+    try:
+        pairs = ann.load_byte_pairs(str(path.with_suffix("")), path.suffix[1:], None)
+        sample, label_store, _, _, _, notes = ann.proc_ann_bytes(pairs, None)
+        definitions, _ = ann.get_special_inds(sample, label_store, notes)
+    except Exception:  # a damaged file: wfdb.rdann says what is wrong with it
+        return
+    fs, i = None, 0
+    while i < len(definitions):
+        note = notes[i]
+        if not isinstance(note, str) or not note.startswith("## "):
+            i += 1  # wfdb moves on (or raises on a missing note)
+        elif not fs and ann.rx_fs.findall(note):
+            fs, i = float(ann.rx_fs.findall(note)[0]), i + 1
+        elif note == "## annotation type definitions":
+            end = next((j for j in range(i + 1, len(notes)) if notes[j] == "## end of definitions"), None)
+            if end is None or not all(ann.rx_custom_label.findall(str(n)) for n in notes[i + 1 : end]):
+                return  # wfdb raises on an unterminated or malformed definition
+            i = end + 1
+        else:
+            raise BadRecordError(
+                path,
+                f"note {note[:40]!r} at sample 0: expected '## time resolution: <Hz>' or '## annotation type "
+                "definitions' (a note starting with '## ' is a definition in WFDB annotation files)",
+            )
+
+
 def read_beat_folder(
     root: str | Path,
     *,
@@ -217,6 +259,7 @@ def read_beat_folder(
     exclude_records: Sequence[str] = (),
     on_error: str = "raise",
     progress: bool = False,
+    allow_outside: bool = False,
 ) -> BeatSet:
     """The beats of every WFDB record under ``root`` (recursively), read from its ``.{extension}`` beat annotations.
 
@@ -234,6 +277,8 @@ def read_beat_folder(
         exclude_records: record names left out (counted under "record left out").
         on_error: ``"raise"`` (default) or ``"skip"`` a bad record (warned about and reported in ``skipped``).
         progress: a progress bar over the records.
+        allow_outside: read data files that headers name outside ``root`` (``--allow-paths-outside``); by default
+            such a header stops the read (`workbench.paths.PathOutsideData`, never a skipped record).
 
     Raises:
         UserError: no annotated record under ``root``, a bad option, no beat at all; with ``on_error="raise"`` the
@@ -265,8 +310,9 @@ def read_beat_folder(
                     f"annotation file missing (the header {header.name} is here; its beats would be in the .{extension})",
                 )
             one = read_annotated_beats(
-                header, lead=lead, before_s=before_s, after_s=after_s, extension=extension, expected_rate_hz=rate
-            )
+                header, lead=lead, before_s=before_s, after_s=after_s, extension=extension, expected_rate_hz=rate,
+                root=root, allow_outside=allow_outside,
+            )  # fmt: skip
             if not len(one.labels):
                 raise BadRecordError(
                     header.with_suffix(f".{extension}"),

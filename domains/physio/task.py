@@ -172,7 +172,8 @@ class Physio(Task):
     # -- data and model --------------------------------------------------------------------------
     def read(self, data: str | Path | None, seed: int = 0) -> SiteData:
         common = {"lead": self.config["lead"], "before_s": BEFORE_S, "after_s": AFTER_S, "progress": self.progress,
-                  "on_error": self.config["on_bad_record"]}  # fmt: skip
+                  "on_error": self.config["on_bad_record"],
+                  "allow_outside": self.config["allow_paths_outside"]}  # fmt: skip
         if data is None:
             site = self.config["target_site"]
             beats = read_beat_folder(EMBEDDED / f"site-{site}", **common)
@@ -363,7 +364,8 @@ class Physio(Task):
             record = str(header.relative_to(folder).with_suffix(""))
             try:
                 one = read_annotated_beats(header, lead=self.config["lead"], before_s=BEFORE_S, after_s=AFTER_S,
-                                        classes=CLASSES)  # fmt: skip
+                                           classes=CLASSES, root=folder,
+                                           allow_outside=self.config["allow_paths_outside"])  # fmt: skip
             except BadRecordError as error:
                 skipped.add(record, error.problem)
                 rows.append({"record": record, "status": f"error: {error.problem}"})
