@@ -134,6 +134,7 @@ def test_a_truncated_real_edf_is_a_skipped_record_and_refused_with_raise(tmp_pat
     assert "not ok: 1 of 3 record(s) skipped" in out
     assert "S001R12.edf: truncated: the header says 90 data records of 20640 bytes (1874496 bytes in all)" in out
     assert "the file has 1844496 bytes (88 whole data record(s))" in out
+    assert out.count("S001R12.edf: truncated") == 1, out  # listed once (the task's info and the check both did)
 
     out_dir = tmp_path / "run"
     code, out = _cli(

@@ -290,9 +290,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         else:
             task = task_cls(**_given_options(args, {"task": (args.task, task_cls.options)})["task"])
             print(task.info(args.data))
+            print(task.skipped.summary(limit=20))
             if args.data_command == "check":
                 if task.skipped:
-                    print(task.skipped.summary(limit=20))
                     print(f"not ok: {task.skipped.headline()} in {args.data}")
                     return 1
                 print(f"ok: {args.data} matches the data card of task '{args.task}'")

@@ -127,7 +127,6 @@ class EegWindows:
         if self.excluded:
             lines.append("excluded: " + ", ".join(f"{reason} {count}" for reason, count in self.excluded.items()))
         lines.extend(self.notes)
-        lines.append(self.skipped.summary())
         return "\n".join(lines)
 
 

@@ -120,7 +120,6 @@ class BeatSet:
             lines.append(
                 "excluded: " + ", ".join(f"{reason} {count}" for reason, count in sorted(self.excluded.items()))
             )
-        lines.append(self.skipped.summary())
         return "\n".join(lines)
 
 
