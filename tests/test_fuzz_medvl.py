@@ -371,14 +371,20 @@ def test_json_python_cannot_parse_is_refused_naming_the_file(tmp_path, raw, prob
         read_json(path)
 
 
-def test_a_one_dimensional_nifti_is_refused(tmp_path):
-    """Found by the deep fuzz run: a NIfTI header with dim[0] = 1 gave a 1-D array that the reader transposed
-    (IndexError)."""
+@pytest.mark.parametrize(
+    "dim, problem",
+    [([1, 33, 1, 1, 1, 1, 1, 1], r"is 1-D \(shape \[1, 33\]\); expected a 2-D image"),
+     ([3, 33, 41, 0, 1, 1, 1, 1], r"has shape \[1, 41, 33, 0\]; expected no empty axis")],
+    ids=["1-D", "empty-axis"],
+)  # fmt: skip
+def test_a_nifti_of_one_axis_or_an_empty_one_is_refused(tmp_path, dim, problem):
+    """Found by the deep fuzz runs: a NIfTI header with dim[0] = 1 gave a 1-D array that the reader transposed, one
+    with a 0-long axis an empty volume whose middle slice it took (IndexError both)."""
     header = nibabel.load(NIFTI).header.copy()
-    header["dim"] = [1, 33, 1, 1, 1, 1, 1, 1]
-    path = tmp_path / "line.nii"
+    header["dim"] = dim
+    path = tmp_path / "odd.nii"
     path.write_bytes(header.binaryblock + NIFTI.read_bytes()[348:])
-    with pytest.raises(UserError, match=r"line\.nii is 1-D \(shape \[1, 33\]\); expected a 2-D image"):
+    with pytest.raises(UserError, match=rf"odd\.nii {problem}"):
         load_image(path)
 
 

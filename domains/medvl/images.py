@@ -19,8 +19,10 @@ kept).
 Refused, with a `UserError` that names the JSON file and record (``source``), the field and the path: a missing
 file, a file the reader cannot read, a channel count other than 1, 3 or 4, a side below `MIN_IMAGE_PX`, more than
 ``max_pixels`` pixels (`MAX_IMAGE_PIXELS` by default; told by the file's header before its pixels are decoded: PIL's
-``Image.open``, pydicom without the pixel data, nibabel's header), NaN or infinite values. A PIL image above PIL's own
-refusal (178,956,970 pixels) stays refused even when ``max_pixels`` is larger.
+``Image.open``, pydicom with the pixel data deferred, nibabel's header), a 1-D NIfTI, NaN or infinite values, and a
+DICOM file with an element that declares more bytes than the file holds (checked as pydicom reads the header, before
+it allocates). A PIL image above PIL's own refusal (178,956,970 pixels) stays refused even when ``max_pixels`` is
+larger.
 
 Shapes:
     `load_image` -> (channels, size, size) float32 in [0, 1]
@@ -276,6 +278,8 @@ def load_image(
         suffixes = ", ".join(s for s in (*PIL_SUFFIXES, *DICOM_SUFFIXES, *NIFTI_SUFFIXES) if s)
         raise UserError(f"{where}: {path}: expected an image file ({suffixes}, a DICOM folder), found '{path.suffix}'")
     data = _read(path, kind, where, max_pixels)
+    if 0 in data.shape:
+        raise UserError(f"{where}: {path} has shape {list(data.shape)}; expected no empty axis")
     if data.ndim == 4:
         data = data[..., data.shape[-1] // 2]
     if data.ndim != 3:
