@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import workbench
+from workbench import cli
 from workbench.errors import UserError
 from workbench.rundir import OutputBusy, claim_file, claim_run_dir
 
@@ -84,15 +85,14 @@ def test_a_held_predict_output_is_refused(tmp_path):
         holder.wait()
 
 
-def test_out_naming_a_file_is_a_one_line_error(tmp_path):
+def test_out_naming_a_file_is_a_one_line_error(tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("not a folder")
     for out in (afile, afile / "run"):
-        result = subprocess.run(
-            [sys.executable, "-m", "workbench", *FEATURES, "--out", str(out)], capture_output=True, text=True, env=ENV
-        )
-        assert result.returncode == 2 and "Traceback" not in result.stderr
-        assert "is a file, not a folder" in result.stderr
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([*FEATURES, "--out", str(out)])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and "Traceback" not in err and "is a file, not a folder" in err
     assert afile.read_text() == "not a folder"
 
 
