@@ -260,11 +260,15 @@ def _data_path(base: Path, file_name: str) -> Path:
 
 
 def _check_record_line(header_path: Path, header) -> None:
-    """The record line's numbers are usable: at least one signal, a positive sample count (this reader needs it;
-    the data files' sizes are checked against it before anything is read) and a positive finite rate [Hz]."""
+    """The record line's numbers are usable: at least one signal and one signal line per signal (wfdb allocates by
+    the count), a positive sample count (this reader needs it; the data files' sizes are checked against it before
+    anything is read) and a positive finite rate [Hz]."""
     n_sig, sig_len, fs = header.n_sig, header.sig_len, header.fs
     if not isinstance(n_sig, (int, np.integer)) or n_sig < 1:
         raise BadRecordError(header_path, f"record line: {n_sig} signals, expected at least one signal")
+    lines = len(header.file_name or ())
+    if lines != n_sig:
+        raise BadRecordError(header_path, f"record line: {n_sig} signals, but {lines} signal lines follow it")
     if not isinstance(sig_len, (int, np.integer)) or sig_len < 1:
         raise BadRecordError(
             header_path, f"record line: number of samples {sig_len}, expected a positive count (the 4th field)"
