@@ -532,11 +532,13 @@ def ptbxl_superclasses(
 def _parse_scp_codes(path: Path, ecg_id, text) -> dict[str, float]:
     try:
         codes = ast.literal_eval(text) if isinstance(text, str) else None
-    except (ValueError, SyntaxError):
+        codes = {str(code): float(value) for code, value in codes.items()} if isinstance(codes, dict) else None
+    except (ValueError, SyntaxError, TypeError, RecursionError):
         codes = None
-    if not isinstance(codes, dict):
-        raise field_error(path, "scp_codes", f"a dict literal {{code: likelihood}} for ecg_id {ecg_id}", repr(text))
-    return {str(code): float(value) for code, value in codes.items()}
+    if codes is None:
+        expected = f"a dict literal {{code: likelihood [%]}} for ecg_id {ecg_id}"
+        raise field_error(path, "scp_codes", expected, repr(text)[:200])
+    return codes
 
 
 def read_ptbxl_tables(root: str | Path):
