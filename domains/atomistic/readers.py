@@ -19,7 +19,11 @@ energy differences must match the work of the forces; otherwise the reader says 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import re
+import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,12 +42,16 @@ from workbench.domains.atomistic.units import (
 
 from workbench.datacard import check_fields, load_card
 from workbench.errors import UserError, field_error
+from workbench.npz import load_npz
 from workbench.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
 
 #: File suffixes read through ase.
 ASE_SUFFIXES = (".xyz", ".extxyz", ".db", ".traj")
+
+#: Atomic numbers of the known elements (H to Og).
+ELEMENTS = (1, 118)
 
 
 @dataclass(frozen=True)
@@ -93,17 +101,58 @@ def _label_problem(energy: Any, forces: np.ndarray, positions: np.ndarray, field
     return None
 
 
-def _load_npz(path: Path) -> dict[str, np.ndarray]:
+def _ase_labels(energy: Any, forces: Any, n_atoms: int, fields: tuple[str, str]) -> tuple[float, np.ndarray] | str:
+    """(energy, forces (n_atoms, 3)) as floats from whatever an ase file held, or why they are not numbers."""
+    e_field, f_field = fields
+    energy_value, forces_value = _numbers(energy), _numbers(forces)
+    if energy_value is None or energy_value.size != 1:
+        return f"field '{e_field}': expected one number, found {_shown(energy)}"
+    if forces_value is None or forces_value.size != n_atoms * 3:
+        return f"field '{f_field}': expected {n_atoms} x 3 numbers (one vector per atom), found {_shown(forces)}"
+    return float(energy_value.reshape(-1)[0]), forces_value.reshape(n_atoms, 3)
+
+
+def _numbers(value: Any) -> np.ndarray | None:
+    """``value`` as a float64 array, or None when it holds anything but real numbers (text, objects, complex)."""
     try:
-        with np.load(path, allow_pickle=False) as content:
-            return {key: content[key] for key in content.files}
-    except Exception as error:
-        raise UserError(f"{path}: not a readable npz file ({error})") from None
+        array = np.asarray(value)
+    except ValueError:  # ragged nested sequences
+        return None
+    return array.astype(np.float64) if array.dtype.kind in "biuf" else None
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _element_problem(numbers: np.ndarray, field_name: str = "numbers") -> str | None:
+    """Why ``numbers`` are not all atomic numbers of known elements, or None."""
+    low, high = ELEMENTS
+    unknown = numbers[(numbers < low) | (numbers > high)]
+    if unknown.size:
+        return (
+            f"field '{field_name}': expected atomic numbers of elements ({low} to {high}), found {unknown[:3].tolist()}"
+        )
+    return None
+
+
+def _atomic_numbers(path: Path, field_name: str, numbers: np.ndarray) -> np.ndarray:
+    """``numbers`` as int64 when every one is a known element's; a `UserError` naming the file and field otherwise."""
+    problem = _element_problem(numbers, field_name)
+    if problem:
+        raise UserError(f"{path}: {problem}")
+    return numbers.astype(np.int64)
+
+
+def _require_frames(frames: list[Frame], path: Path) -> None:
+    if not frames:
+        raise UserError(f"{path}: no usable frame (every frame is bad, see above)")
 
 
 def _text(value: np.ndarray) -> str:
     item = np.asarray(value).item() if np.asarray(value).size == 1 else np.asarray(value).tolist()
-    return item.decode() if isinstance(item, bytes) else str(item)
+    return item.decode(errors="replace") if isinstance(item, bytes) else str(item)
 
 
 # -- units ---------------------------------------------------------------------------------------------------------
@@ -119,7 +168,9 @@ def resolve_energy_unit(
     if given and given != "auto":
         unit = energy_unit(given, "--units")
         if stated and stated != unit:
-            log.warning("%s: the file says its energies are in %s; reading them in %s as --units says", path, stated, unit)
+            log.warning(
+                "%s: the file says its energies are in %s; reading them in %s as --units says", path, stated, unit
+            )
         return unit, "from --units", True
     if stated:
         return stated, f"from the file's field '{field_name}'", False
@@ -146,12 +197,17 @@ def check_units(frames: list[Frame], path: Path, fields: tuple[str, str], unit: 
         )
     ratio = _energy_force_ratio(frames)
     if problem is None and ratio is not None and not 0.5 < ratio < 2.0:
-        guess = _guess(EV_PER_ENERGY_UNIT[unit] / ratio, 1.0, per_unit=True)
         problem = (
             f"{path}: field '{e_field}': energy changes between neighbouring frames are {ratio:.3g} times the work of "
-            f"the forces (field '{f_field}', read in {unit}/Å, {origin}); the energies look like {guess} while the "
-            f"forces are in {unit}/Å: convert one of them"
+            f"the forces (field '{f_field}', read in {unit}/Å, {origin}); "
         )
+        if 0 < ratio < np.inf:
+            guess = _guess(EV_PER_ENERGY_UNIT[unit] / ratio, 1.0, per_unit=True)
+            problem += f"the energies look like {guess} while the forces are in {unit}/Å: convert one of them"
+        else:
+            problem += (
+                "expected about 1: the energies do not follow the forces (check that both fields belong together)"
+            )
     if problem is None:
         return
     if chosen:
@@ -219,10 +275,10 @@ def read_rmd17(
     """
     bad = bad or BadFrames()
     npz_path = find_rmd17_npz(path, molecule)
-    arrays = _load_npz(npz_path)
+    arrays = load_npz(npz_path)
     data_card = load_card(card)
     sizes = check_fields(data_card, npz_path, arrays)
-    numbers = arrays["nuclear_charges"].astype(np.int64)
+    numbers = _atomic_numbers(npz_path, "nuclear_charges", arrays["nuclear_charges"])
     energies_ev = arrays["energies"].astype(np.float64) * EV_PER_KCAL_PER_MOL
     forces_ev_per_a = arrays["forces"].astype(np.float64) * EV_PER_KCAL_PER_MOL
     kept: dict[int, int] = {}  # file frame index -> index in frames
@@ -236,8 +292,7 @@ def read_rmd17(
             continue
         kept[i] = len(frames)
         frames.append(Frame(numbers, positions, float(energies_ev[i]), forces_ev_per_a[i]))
-    if not frames:
-        raise UserError(f"{npz_path}: no usable frame (every frame is bad, see above)")
+    _require_frames(frames, npz_path)
     splits_dir = npz_path.parent.parent / "splits"
     train = _read_split(splits_dir / f"index_train_{split:02d}.csv", sizes["n_frames"])
     test = _read_split(splits_dir / f"index_test_{split:02d}.csv", sizes["n_frames"])
@@ -290,12 +345,14 @@ def read_sgdml(path: str | Path, units: str = "", seed: int = 0, bad: BadFrames 
     """
     bad = bad or BadFrames()
     path = Path(path)
-    arrays = _load_npz(path)
+    arrays = load_npz(path)
     sizes = check_fields(load_card("sgdml"), path, arrays, names=["z", "R", "F"])
     if "E" not in arrays:
-        raise field_error(path, "E", "a field 'E' (energies, shape [n_frames] or [n_frames, 1])", f"only {sorted(arrays)}")
+        raise field_error(
+            path, "E", "a field 'E' (energies, shape [n_frames] or [n_frames, 1])", f"only {sorted(arrays)}"
+        )
     energies = np.asarray(arrays["E"])
-    if energies.dtype.kind != "f" or energies.reshape(len(energies), -1).shape != (sizes["n_frames"], 1):
+    if energies.dtype.kind != "f" or energies.shape not in ((sizes["n_frames"],), (sizes["n_frames"], 1)):
         raise field_error(
             path, "E", f"float energies of shape [{sizes['n_frames']}] or [{sizes['n_frames']}, 1]",
             f"{energies.dtype} of shape {list(energies.shape)}",
@@ -306,7 +363,7 @@ def read_sgdml(path: str | Path, units: str = "", seed: int = 0, bad: BadFrames 
     )  # fmt: skip
     r_unit = length_unit(_text(arrays["r_unit"]), f"{path}: field 'r_unit'") if "r_unit" in arrays else "Ang"
     to_a, to_ev = ANGSTROM_PER_LENGTH_UNIT[r_unit], EV_PER_ENERGY_UNIT[unit]
-    numbers = arrays["z"].astype(np.int64)
+    numbers = _atomic_numbers(path, "z", arrays["z"])
     frames = []
     bad.report.seen += sizes["n_frames"]
     for i in range(sizes["n_frames"]):
@@ -318,6 +375,7 @@ def read_sgdml(path: str | Path, units: str = "", seed: int = 0, bad: BadFrames 
             bad(_record(path, i), problem)
             continue
         frames.append(Frame(numbers, positions, energy, forces))
+    _require_frames(frames, path)
     check_units(frames, path, ("E", "F"), unit, origin, chosen)
     described = ", ".join(f"{key} {_text(arrays[key])!r}" for key in ("name", "theory") if key in arrays)
     notes = (f"sGDML dataset{f' ({described})' if described else ''}", f"energy unit {unit} ({origin})",
@@ -341,6 +399,55 @@ def _split_in_half(frames: list[Frame], path: Path, seed: int, notes: tuple[str,
 
 
 # -- files ase reads -----------------------------------------------------------------------------------------------
+def _check_xyz_counts(path: Path) -> None:
+    """Refuse an (extended) XYZ file whose counts ase would believe before reading: an atom-count line claiming more
+    atoms than lines follow it (or fewer than none), or a ``Properties=`` comment declaring more columns per atom than
+    its first atom line holds."""
+    lines = path.read_bytes().splitlines()
+    at = 0
+    while at < len(lines):
+        try:
+            count = int(lines[at])
+        except ValueError:
+            return  # not a count line: ase's parser says what is wrong
+        left = len(lines) - at - 2  # lines after the count and comment lines
+        if not 0 <= count <= left:
+            raise UserError(
+                f"{path}, line {at + 1}: the atom-count line says {count}; expected a count from 0 to {max(left, 0)} "
+                "(the atom lines left in the file)"
+            )
+        declared = re.search(rb"Properties=[\"']?([^\s\"']+)", lines[at + 1])
+        if declared and count:
+            columns = declared.group(1).split(b":")[2::3]
+            held = len(lines[at + 2].split())
+            if not all(c.isdigit() for c in columns) or sum(int(c) for c in columns) > held:
+                raise UserError(
+                    f"{path}, line {at + 2}: 'Properties={declared.group(1).decode(errors='replace')}' declares "
+                    f"more columns per atom than the {held} on line {at + 3}"
+                )
+        at += count + 2
+
+
+def _check_db_arrays(path: Path) -> None:
+    """Refuse an ase database whose cells declare an array (ase's ``__ndarray__`` JSON, in text or binary form) with
+    more elements than the cell has bytes: ase allocates the declared shape before filling it."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            rows = connection.execute("SELECT * FROM systems").fetchall()
+    except sqlite3.Error:
+        return  # not a database ase reads: ase says what is wrong
+    for row in rows:
+        for cell in row:
+            data = cell.encode(errors="replace") if isinstance(cell, str) else cell
+            if not isinstance(data, bytes) or b"__ndarray__" not in data:
+                continue
+            for declared in re.finditer(rb'"__ndarray__":\s*[\[(]\s*\[([^\]]*)\]', data):
+                shape = [int(size) for size in re.findall(rb"-?\d+", declared.group(1))]
+                if any(size < 0 for size in shape) or math.prod(shape) > len(data):
+                    raise UserError(f"{path}: row {row[0]}: an array of shape {shape} is declared in a cell of "
+                                    f"{len(data)} bytes; expected no more elements than bytes stored")  # fmt: skip
+
+
 def _find_label(atoms, extras: Mapping[str, Mapping[str, Any]], key: str, kind: str) -> tuple[Any, str | None]:
     """(value, where it was found) of the energy (``kind`` "energy") or forces of one frame, or (None, None).
 
@@ -369,17 +476,22 @@ def _ase_frames(path: Path):
     if path.suffix == ".db":
         import ase.db
 
-        try:
+        _check_db_arrays(path)
+        try:  # ase decodes rows and their blobs lazily: every decode happens here
             database = ase.db.connect(path, type="db")
             metadata = database.metadata
-            rows = list(database.select())
+            units = {"energy": dict(metadata.get("_property_unit_dict", {})).get("energy"),
+                     "length": metadata.get("_distance_unit")}  # fmt: skip
+            items = [(row.toatoms(), {"row key-value pairs": dict(row.key_value_pairs),
+                                      "row data": dict(row.data or {})})
+                     for row in database.select()]  # fmt: skip
         except Exception as error:
-            raise UserError(f"{path}: not a readable ase database ({error})") from None
-        units = dict(metadata.get("_property_unit_dict", {}))
-        units = {"energy": units.get("energy"), "length": metadata.get("_distance_unit")}
-        return [(row.toatoms(), {"row key-value pairs": row.key_value_pairs, "row data": row.data or {}}) for row in rows], units
+            raise UserError(f"{path}: not a readable ase database ({type(error).__name__}: {error})") from None
+        return items, units
     import ase.io
 
+    if path.suffix in (".xyz", ".extxyz"):
+        _check_xyz_counts(path)
     try:
         structures = ase.io.read(path, index=":")
     except Exception as error:
@@ -414,16 +526,24 @@ def read_ase(
         forces, f_from = _find_label(atoms, extras, forces_key, "forces")
         e_field, f_field = energy_key or "energy", forces_key or "forces"
         if energy is None or forces is None:
-            missing = [name for name, value in ((f"energy '{e_field}'", energy), (f"forces '{f_field}'", forces)) if value is None]
+            missing = [
+                name
+                for name, value in ((f"energy '{e_field}'", energy), (f"forces '{f_field}'", forces))
+                if value is None
+            ]
             bad(_record(path, index), f"no {' and no '.join(missing)} (looked in {_looked(energy_key, forces_key)})")
             continue
         positions = atoms.get_positions() * to_a
-        energy = float(np.asarray(energy, dtype=np.float64).reshape(-1)[0]) * to_ev
-        forces = np.asarray(forces, dtype=np.float64).reshape(-1, 3) * (to_ev / to_a)
-        problem = _label_problem(energy, forces, positions, (e_field, f_field, "positions"))
+        labels = _ase_labels(energy, forces, len(positions), (e_field, f_field))
+        problem = (
+            labels if isinstance(labels, str) else _label_problem(*labels, positions, (e_field, f_field, "positions"))
+        )
+        if problem is None:
+            problem = _element_problem(atoms.get_atomic_numbers())
         if problem:
             bad(_record(path, index), problem)
             continue
+        energy, forces = labels[0] * to_ev, labels[1] * (to_ev / to_a)
         used[(e_from, f_from)] += 1
         frames.append(Frame(atoms.get_atomic_numbers(), positions, energy, forces))
     if not frames:
@@ -445,12 +565,18 @@ def frame_from_atoms(atoms, path: str | Path, index: int) -> Frame:
     energy, _ = _find_label(atoms, {}, "", "energy")
     forces, _ = _find_label(atoms, {}, "", "forces")
     if energy is None or forces is None:
-        raise BadRecordError(_record(Path(path), index), "no energy or forces (calculator results or REF_energy/REF_forces)")
-    forces = np.asarray(forces, dtype=np.float64)
-    problem = _label_problem(float(energy), forces, atoms.get_positions(), ("energy", "forces", "positions"))
+        raise BadRecordError(
+            _record(Path(path), index), "no energy or forces (calculator results or REF_energy/REF_forces)"
+        )
+    labels = _ase_labels(energy, forces, len(atoms), ("energy", "forces"))
+    problem = (
+        labels
+        if isinstance(labels, str)
+        else _label_problem(*labels, atoms.get_positions(), ("energy", "forces", "positions"))
+    )
     if problem:
         raise BadRecordError(_record(Path(path), index), problem)
-    return Frame(atoms.get_atomic_numbers(), atoms.get_positions(), float(energy), forces)
+    return Frame(atoms.get_atomic_numbers(), atoms.get_positions(), *labels)
 
 
 def read_ase_set(

@@ -19,6 +19,7 @@ import numpy as np
 
 from workbench.datacard import check_fields, load_card
 from workbench.errors import UserError, field_error
+from workbench.npz import load_npz
 
 EXTENSIONS = ("npz", "csv", "parquet")
 
@@ -51,24 +52,22 @@ class ShiftProblem:
 def _read_table(path: Path) -> dict[str, np.ndarray]:
     """``features`` and, when present, ``labels`` of one npz/csv/parquet file."""
     if path.suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as content:
-                return {key: content[key] for key in content.files}
-        except (OSError, ValueError) as error:
-            raise UserError(f"{path}: not a readable npz file ({error})") from None
+        return load_npz(path)
     import pandas as pd
 
     try:
         frame = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
     except Exception as error:  # pandas raises many kinds for a malformed file
         raise UserError(f"{path}: not a readable {path.suffix[1:]} table ({error})") from None
+    non_numeric = [str(name) for name in frame.columns if not pd.api.types.is_numeric_dtype(frame[name])]
+    if non_numeric:
+        raise field_error(path, non_numeric[0], "numeric feature columns (and a numeric 'label' column)",
+                          f"values of type {frame[non_numeric[0]].dtype}")  # fmt: skip
     arrays: dict[str, np.ndarray] = {}
     if "label" in frame.columns:
-        arrays["labels"] = frame.pop("label").to_numpy()
-    non_numeric = [name for name in frame.columns if not np.issubdtype(frame[name].dtype, np.number)]
-    if non_numeric:
-        raise field_error(path, non_numeric[0], "numeric feature columns (and a 'label' column)", "non-numeric values")
-    arrays["features"] = frame.to_numpy(dtype=np.float64)
+        label = frame.pop("label")
+        arrays["labels"] = label.astype(np.float64).to_numpy() if label.hasnans else label.to_numpy()
+    arrays["features"] = frame.astype(np.float64).to_numpy()  # nullable columns: a missing value becomes NaN
     return arrays
 
 
@@ -81,11 +80,8 @@ def _find(folder: Path, stem: str) -> Path:
 
 
 def _labels_kind(labels: np.ndarray) -> str:
-    if labels.dtype.kind in "iu":
-        return "classification"
-    if labels.dtype.kind == "f":
-        return "regression"
-    raise UserError(f"labels of dtype {labels.dtype}: expected int (classes) or float (values)")
+    """ "classification" for int labels, "regression" for float ones (`read_feature_pair` has checked the dtype)."""
+    return "classification" if labels.dtype.kind in "iu" else "regression"
 
 
 def read_feature_pair(folder: str | Path, kind: str = "auto") -> ShiftProblem:
@@ -100,8 +96,10 @@ def read_feature_pair(folder: str | Path, kind: str = "auto") -> ShiftProblem:
         arrays = _read_table(path)
         check_fields(card, path, arrays, ["features"])
         features = arrays["features"].astype(np.float32)
-        if len(features) == 0:
-            raise field_error(path, "features", "at least one sample", "no rows")
+        if 0 in features.shape:
+            raise field_error(path, "features", "at least one sample and one feature", f"shape {list(features.shape)}")
+        if not np.isfinite(features).all():
+            raise field_error(path, "features", "numbers within float32's range (below 3.4e38 in size)", "larger ones")
         labels = arrays.get("labels")
         if labels is None and stem == "source":
             raise field_error(path, "labels", "a label per source sample (npz 'labels' or a 'label' column)", "none")
@@ -109,6 +107,8 @@ def read_feature_pair(folder: str | Path, kind: str = "auto") -> ShiftProblem:
             labels = np.asarray(labels)
             if labels.shape != (len(features),):
                 raise field_error(path, "labels", f"shape [{len(features)}]", f"shape {list(labels.shape)}")
+            if labels.dtype.kind not in "iuf":
+                raise field_error(path, "labels", "int (classes) or float (values) labels", f"dtype {labels.dtype}")
         sets[stem] = FeatureSet(features, labels, str(path))
     source, target = sets["source"], sets["target"]
     if source.features.shape[1] != target.features.shape[1]:
@@ -119,14 +119,16 @@ def read_feature_pair(folder: str | Path, kind: str = "auto") -> ShiftProblem:
             f"{target.features.shape[1]}",
         )
     kind = _labels_kind(source.labels) if kind == "auto" else kind
-    source.labels = _checked_labels(source, kind, required=True)
+    classes = len(source.labels)  # at most one class per source sample
+    source.labels = _checked_labels(source, kind, classes, required=True)
     if target.labels is not None:
-        target.labels = _checked_labels(target, kind, required=False)
+        target.labels = _checked_labels(target, kind, classes, required=False)
     return ShiftProblem(source, target, kind, str(folder))
 
 
-def _checked_labels(domain: FeatureSet, kind: str, required: bool) -> np.ndarray | None:
-    """Labels as int64 classes (-1: unknown) or float32 values (NaN: unknown); unknowns only where allowed.
+def _checked_labels(domain: FeatureSet, kind: str, max_classes: int, required: bool) -> np.ndarray | None:
+    """Labels as int64 classes (-1: unknown; indices below ``max_classes``) or float32 values (NaN: unknown); unknowns
+    only where allowed.
 
     None when no label is known (allowed for the target only)."""
     labels = domain.labels
@@ -135,10 +137,18 @@ def _checked_labels(domain: FeatureSet, kind: str, required: bool) -> np.ndarray
         integral = np.isnan(values) | (values == np.round(values))
         if not integral.all():
             raise field_error(domain.path, "labels", "integer class indices", f"a value {values[~integral][0]}")
-        values = np.where(np.isnan(values), -1, values).astype(np.int64)
+        if np.nanmax(values, initial=0) >= max_classes:  # the model's head is sized by the largest class index
+            expected = f"class indices below the number of source samples ({max_classes})"
+            raise field_error(domain.path, "labels", expected,
+                              f"{np.nanmax(values):.0f}")  # fmt: skip
+        values = np.where(np.isnan(values) | (values < 0), -1, values).astype(np.int64)
         missing = values < 0
     else:
         values = labels.astype(np.float32)
+        if np.isinf(values).any():
+            raise field_error(
+                domain.path, "labels", "finite values (NaN for unknown)", "inf, or beyond float32's range"
+            )
         missing = np.isnan(values)
     if required and missing.any():
         where = int(np.flatnonzero(missing)[0])

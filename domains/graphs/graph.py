@@ -23,6 +23,8 @@ import torch
 
 from workbench.errors import UserError
 
+#: Class indices must lie below this (int32's range); anything larger is a damaged label, not a class.
+MAX_CLASS_INDEX = 2**31
 #: Largest share of non-zero node features at which the encoders read them as a sparse matrix (`Graph.features`).
 SPARSE_FEATURE_DENSITY = 0.1
 
@@ -95,14 +97,14 @@ def make_graph(
     """
     from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
 
-    x = torch.as_tensor(np.asarray(x, dtype=np.float32) if not torch.is_tensor(x) else x).float()
+    x = _numeric(x, name, "node features").float()
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
         raise UserError(f"{name}: node features: expected a (n_nodes, n_features) array, found shape {tuple(x.shape)}")
     if not torch.isfinite(x).all():
         bad = int((~torch.isfinite(x)).any(1).sum())
         raise UserError(f"{name}: node features: expected finite numbers, found NaN/inf in {bad} node(s)")
     n = x.shape[0]
-    edges = torch.as_tensor(np.asarray(edges) if not torch.is_tensor(edges) else edges)
+    edges = _numeric(edges, name, "edge_index")
     if edges.ndim == 2 and edges.shape[0] != 2 and edges.shape[1] == 2:
         edges = edges.t()
     if edges.ndim != 2 or edges.shape[0] != 2:
@@ -136,9 +138,28 @@ def make_graph(
             array = np.where(known, array, -1)
         elif array.dtype.kind not in "iub":
             raise UserError(f"{name}: labels: expected integer class indices, found dtype {array.dtype}")
+        if (array >= MAX_CLASS_INDEX).any():  # a larger float would wrap round when cast to int64
+            raise UserError(f"{name}: labels: expected class indices below {MAX_CLASS_INDEX}, found {array.max():.0f}")
         labels = torch.as_tensor(array.astype(np.int64))
         labels[labels < 0] = -1
     return Graph(x, edges, labels, name)
+
+
+def _numeric(value: Any, name: str, field_name: str) -> torch.Tensor:
+    """``value`` (a tensor or array-like) as a tensor of real numbers; a `UserError` naming ``name`` otherwise."""
+    if not torch.is_tensor(value):
+        try:
+            array = np.asarray(value)
+        except ValueError:  # ragged nested sequences
+            array = np.asarray(None)
+        if array.dtype.kind not in "biuf":
+            raise UserError(
+                f"{name}: {field_name}: expected numbers, found {type(value).__name__} of dtype {array.dtype}"
+            )
+        value = torch.as_tensor(array)
+    if value.is_complex():
+        raise UserError(f"{name}: {field_name}: expected real numbers, found dtype {value.dtype}")
+    return value
 
 
 def homophily(graph: Graph, labels: torch.Tensor | None = None) -> dict[str, float]:

@@ -70,18 +70,22 @@ def read_mat(path: Path) -> tuple[Graph, list[str]]:
         if key not in content:
             found = sorted(k for k in content if not k.startswith("__"))
             raise field_error(path, key, f"{what}, as the ASN/ACDNE citation files have", f"only {found}")
-    attributes = content["attrb"]
-    attributes = attributes.toarray() if scipy.sparse.issparse(attributes) else np.asarray(attributes)
+    for key in ("attrb", "network", "group"):  # shapes and dtypes before anything is densified
+        value = content[key]
+        if value.dtype.kind not in "biuf" or value.ndim != 2:
+            raise field_error(path, key, "a 2-D array of real numbers (dense or sparse)",
+                              f"{value.dtype} of shape {list(value.shape)}")  # fmt: skip
+    n = content["attrb"].shape[0]
+    if content["network"].shape != (n, n):
+        raise field_error(path, "network", f"a ({n}, {n}) adjacency ({n} nodes in 'attrb')",
+                          f"shape {content['network'].shape}")  # fmt: skip
+    if content["group"].shape[0] != n and content["group"].shape != (1, n):
+        raise field_error(path, "group", f"({n}, n_classes) one-hot labels or {n} class indices",
+                          f"shape {content['group'].shape}")  # fmt: skip
+    attributes, group = (_dense(content[key]) for key in ("attrb", "group"))
     network = scipy.sparse.coo_matrix(content["network"])
-    n = attributes.shape[0]
-    if network.shape != (n, n):
-        raise field_error(path, "network", f"a ({n}, {n}) adjacency ({n} nodes in 'attrb')", f"shape {network.shape}")
-    group = content["group"]
-    group = group.toarray() if scipy.sparse.issparse(group) else np.asarray(group)
     notes = []
-    if group.ndim == 2 and group.shape[1] > 1:
-        if group.shape[0] != n:
-            raise field_error(path, "group", f"({n}, n_classes) one-hot labels", f"shape {group.shape}")
+    if group.shape[0] == n and group.shape[1] > 1:
         labelled = group.sum(1) > 0
         multi = int((group.sum(1) > 1).sum())
         labels = np.where(labelled, group.argmax(1), -1)
@@ -93,9 +97,19 @@ def read_mat(path: Path) -> tuple[Graph, list[str]]:
     return make_graph(attributes.astype(np.float32), edges, labels, str(path)), notes
 
 
+def _dense(value) -> np.ndarray:
+    import scipy.sparse
+
+    return value.toarray() if scipy.sparse.issparse(value) else np.asarray(value)
+
+
 def _read_rows(path: Path, what: str, dtype=float) -> list[list[str]]:
+    try:
+        text = path.read_bytes().decode()
+    except UnicodeDecodeError as error:
+        raise UserError(f"{path}: not UTF-8 text ({error}); expected {what}") from None
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
         if line:
             rows.append((number, re.split(r"[,\s]+", line)))
@@ -105,17 +119,25 @@ def _read_rows(path: Path, what: str, dtype=float) -> list[list[str]]:
 
 
 def _numbers(path: Path, rows, what: str, kind=int) -> np.ndarray:
-    try:
-        return np.array([[kind(v) for v in values] for _, values in rows])
-    except ValueError:
-        for number, values in rows:
-            try:
-                [kind(v) for v in values]
-            except ValueError:
-                raise UserError(f"{path}, line {number}: expected {what}, found {' '.join(values)!r}") from None
-        raise
-    except Exception:
-        raise UserError(f"{path}: rows of different lengths; expected {what} on every line") from None
+    """``rows`` (line number, tokens) as a 2-D int64 or float64 array; a `UserError` naming the first line that holds
+    something else, an integer beyond int64, or another number of values than the first line."""
+    if not rows:
+        raise UserError(f"{path}: no rows; expected {what} on every line")
+    width, values = len(rows[0][1]), []
+    for number, tokens in rows:
+        try:
+            row = [kind(token) for token in tokens]
+        except ValueError:
+            row = None
+        if row is None or (kind is int and any(abs(v) >= 2**63 for v in row)):
+            shown = " ".join(tokens)
+            raise UserError(
+                f"{path}, line {number}: expected {what}, found {shown[:80]!r}{'...' if len(shown) > 80 else ''}"
+            )
+        if len(row) != width:
+            raise UserError(f"{path}, line {number}: {len(row)} values; expected {width} as on the first line ({what})")
+        values.append(row)
+    return np.array(values, dtype=np.int64 if kind is int else np.float64)
 
 
 def read_text_layout(edge_file: Path) -> tuple[Graph, list[str]]:
@@ -142,8 +164,10 @@ def read_text_layout(edge_file: Path) -> tuple[Graph, list[str]]:
     else:
         from torch_geometric.utils import to_undirected
 
-        undirected = to_undirected(torch.as_tensor(edges.T), num_nodes=max(n, int(edges.max()) + 1))
-        features = degree_one_hot(undirected, n) if int(edges.max()) < n else np.zeros((n, 1), np.float32)
+        if edges.min() < 0 or edges.max() >= n:
+            raise UserError(f"{edge_file}: node indices {edges.min()}..{edges.max()}; expected 0..{n - 1} "
+                            f"({labels_file.name} labels {n} nodes)")  # fmt: skip
+        features = degree_one_hot(to_undirected(torch.as_tensor(edges.T), num_nodes=n), n)
         notes.append(f"{edge_file.name}: no {docs_file.name}; node features are the one-hot degree (0..7+)")
     return make_graph(features.astype(np.float32), edges.T, labels, str(edge_file)), notes
 
@@ -194,12 +218,16 @@ def read_pyg(path: Path) -> tuple[Graph, list[str]]:
             content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise UserError(
-            f"{path}: not loadable as a PyG Data with weights_only=True ({str(error).splitlines()[0]}); save the "
+            f"{path}: not loadable as a PyG Data with weights_only=True ({type(error).__name__}: "
+            f"{(str(error).splitlines() or [''])[0]}); save the "
             "graph with torch.save(Data(x=..., edge_index=..., y=...)) or a dict of those tensors"
         ) from None
     if isinstance(content, tuple) and content and isinstance(content[0], dict):  # an InMemoryDataset's data.pt
         content = content[0]
     getter = content.get if isinstance(content, dict) else lambda key: getattr(content, key, None)
+    for key in ("x", "edge_index", "y"):
+        if getter(key) is not None and not torch.is_tensor(getter(key)):
+            raise field_error(path, key, f"a tensor '{key}'", type(getter(key)).__name__)
     x, edge_index, y = getter("x"), getter("edge_index"), getter("y")
     for key, value in (("x", x), ("edge_index", edge_index)):
         if value is None:
