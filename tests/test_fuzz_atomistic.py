@@ -235,7 +235,10 @@ def _db_file(folder: Path, data: bytes | None, edits=()) -> tuple:
                         continue
                     count = b"1000000000000" if value == "lie-data" else b"-5"
                     value = blob.replace(b"[[9,3]", b"[[" + count + b",3]").replace(b"[[1]", b"[[" + count + b"]")
-                connection.execute(f"UPDATE systems SET {column}=? WHERE id=?", (value, row))
+                try:
+                    connection.execute(f"UPDATE systems SET {column}=? WHERE id=?", (value, row))
+                except sqlite3.IntegrityError:  # a second row with that unique_id: sqlite refuses the edit itself
+                    pass
         connection.close()
     return _skipped(lambda bad: read_ase_set(path, units="kcal/mol", bad=bad)), [path]
 
