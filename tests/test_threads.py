@@ -22,7 +22,8 @@ def test_usable_cpus_follow_the_affinity_mask():
     assert 1 <= usable_cpus() <= os.cpu_count()
 
 
-def test_busy_processes_are_seen_and_leave_their_cpus():
+def test_busy_processes_are_seen_and_leave_their_cpus(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         assert busy_elsewhere() >= 2  # a spinning process is always runnable
@@ -32,6 +33,11 @@ def test_busy_processes_are_seen_and_leave_their_cpus():
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+
+
+def test_omp_num_threads_from_the_environment_wins(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert choose_threads() == (3, "OMP_NUM_THREADS")
 
 
 def test_use_threads_sets_torch_and_refuses_nonsense():

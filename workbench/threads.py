@@ -6,7 +6,7 @@ thread, and a thread that shares its core with another busy process waits for a 
 Measured on a 2-core machine beside one busy process: an epoch of mace-lora 7.1 s with 2 threads against 1.6 s
 with 1, the entropic partial-OT solver 19.9 s against 1.6 s (`benchmarks/threads_under_load.py`).
 
-The default (`choose_threads`) is the number of CPUs the process may use (its affinity mask and its cgroup's CPU
+The default (`choose_threads`) is ``OMP_NUM_THREADS`` where the environment sets it, else the number of CPUs the process may use (its affinity mask and its cgroup's CPU
 quota, which ``os.cpu_count`` ignores), less the CPUs other processes keep busy now (the median count of runnable
 tasks in ``/proc/stat`` over a tenth of a second, this process excluded), at least 1. Floating-point sums may
 depend on the thread count, so the count chosen is written to ``config.yaml``, and ``--resume`` keeps the
@@ -75,7 +75,11 @@ def busy_elsewhere(samples: int = 10, interval_s: float = 0.01) -> int:
 
 
 def choose_threads() -> tuple[int, str]:
-    """(threads, why): the usable CPUs less those busy elsewhere, at least 1."""
+    """(threads, why): ``OMP_NUM_THREADS`` when the environment sets it (a batch scheduler's or the user's choice),
+    else the usable CPUs less those busy elsewhere, at least 1."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given), "OMP_NUM_THREADS"
     usable, busy = usable_cpus(), busy_elsewhere()
     threads = max(1, usable - busy)
     return threads, f"{usable} usable CPU(s), {busy} busy with other processes"
