@@ -3,11 +3,11 @@
 PyTorch starts one intra-op thread per core it sees. On a machine where other processes are busy (a shared
 cluster node, a laptop, a second run) that is the worst choice: every parallel operation waits for its slowest
 thread, and a thread that shares its core with another busy process waits for a whole scheduler time slice.
-Measured on a 2-core machine beside one busy process: an epoch of mace-lora 7.1 s with 2 threads against 1.6 s
-with 1, the entropic partial-OT solver 19.9 s against 1.6 s (`benchmarks/threads_under_load.py`).
+Measured on a 2-core machine beside one busy process: an epoch of the README's first run 8.3 s with 2 threads
+against 3.4 s with 1, the entropic partial-OT solver 0.41 s against 0.17 s (`benchmarks/threads_under_load.py`).
 
-The default (`choose_threads`) is ``OMP_NUM_THREADS`` where the environment sets it, else the number of CPUs the process may use (its affinity mask and its cgroup's CPU
-quota, which ``os.cpu_count`` ignores), less the CPUs other processes keep busy now (the median count of runnable
+The default (`choose_threads`) is ``OMP_NUM_THREADS`` where the environment sets it, else the number of CPUs the
+process may use (its affinity mask and its cgroup's CPU quota, which ``os.cpu_count`` ignores), less the CPUs other processes keep busy now (the median count of runnable
 tasks in ``/proc/stat`` over a tenth of a second, this process excluded), at least 1. Floating-point sums may
 depend on the thread count, so the count chosen is written to ``config.yaml``, and ``--resume`` keeps the
 interrupted run's: give ``--threads`` to make runs on different machines or under different loads comparable
@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import statistics
-import time
+import threading
 from pathlib import Path
 
 import torch
@@ -63,14 +63,14 @@ def _cgroup_quota() -> float | None:
 def busy_elsewhere(samples: int = 10, interval_s: float = 0.01) -> int:
     """CPUs other processes keep busy now: the median of ``procs_running`` in ``/proc/stat`` (runnable tasks on
     the whole machine) over ``samples`` readings, less the one reading it (0 where /proc/stat is absent)."""
-    counts = []
+    counts, pause = [], threading.Event()  # never set: wait() just waits
     for _ in range(samples):
         try:
             text = Path("/proc/stat").read_text()
         except OSError:
             return 0
         counts += [int(line.split()[1]) for line in text.splitlines() if line.startswith("procs_running")]
-        time.sleep(interval_s)
+        pause.wait(interval_s)
     return max(0, round(statistics.median(counts)) - 1) if counts else 0
 
 
