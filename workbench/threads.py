@@ -7,8 +7,9 @@ Measured on a 2-core machine beside one busy process: an epoch of the README's f
 against 3.4 s with 1, the entropic partial-OT solver 0.41 s against 0.17 s (`benchmarks/threads_under_load.py`).
 
 The default (`choose_threads`) is ``OMP_NUM_THREADS`` where the environment sets it, else the number of CPUs the
-process may use (its affinity mask and its cgroup's CPU quota, which ``os.cpu_count`` ignores), less the CPUs other processes keep busy now (the median count of runnable
-tasks in ``/proc/stat`` over a tenth of a second, this process excluded), at least 1. Floating-point sums may
+process may use (its affinity mask and its cgroup's CPU quota, which ``os.cpu_count`` ignores), less the CPUs
+other processes keep busy now (the median count of runnable tasks in ``/proc/stat`` over a tenth of a second, this
+process excluded), at least 1. Floating-point sums may
 depend on the thread count, so the count chosen is written to ``config.yaml``, and ``--resume`` keeps the
 interrupted run's: give ``--threads`` to make runs on different machines or under different loads comparable
 bit for bit.
