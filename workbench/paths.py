@@ -1,7 +1,7 @@
 """Paths named inside data files stay inside the data folder.
 
-A manifest (a LLaVA / VQA-RAD JSON record's ``image``, a WFDB header's data file, a table's file column) names
-files relative to the folder the user gave. Such a path that resolves outside that folder (``../../x.png``, an
+A manifest (a JSON record's image, a header's data file, a table's file column) names files relative to the
+folder the user gave. Such a path that resolves outside that folder (``../../x.png``, an
 absolute path, a symbolic link out) is refused with exit code 2 naming the record, unless the user passes
 ``--allow-paths-outside`` (`ALLOW_PATHS_OUTSIDE`, an option of every task). It is never a skippable bad record: a
 data set that points outside itself is refused as a whole.
