@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,9 @@ from torch import nn
 from workbench.models.ecg import ECGStudent
 
 from workbench.errors import UserError
-from workbench.method import Method
+from workbench.method import Method, PlanInputs, Stage
 from workbench.options import Option
 from workbench.registry import methods
-from workbench.trainer import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Distill(Method):
 
     1. ``--teacher RUN_DIR``: the adapted model of a finished run (``workbench adapt --domain ptbxl`` with
        ``--method htuning``, say) — the clinical path: adapt once, then distil as often as needed;
-    2. as a baseline of a run: the model the run's chosen method has just adapted (`set_teacher`);
+    2. as a baseline of a run: the model the run's chosen method has just adapted (`PlanInputs.adapted_model`);
     3. otherwise the pretrained base model itself (not adapted to the target; logged).
 
     ``mix`` > 0 adds ``mix · BCE(s(x̃), σ(t(x̃)))`` on a time-CutMix copy ``x̃`` of each training batch (`time_cutmix`):
@@ -104,7 +104,6 @@ class Distill(Method):
     )
     model_families = ("ecg",)
     learning_rate = 1e-3
-    takes_teacher = True
     options = (
         Option("weight", float, 1.0, "weight of the teacher (soft-label) BCE term"),
         Option("n_leads", int, 12, "leads the student reads (12; 3 = I, II, V2; 1 = I)", choices=(12, 3, 1)),
@@ -149,20 +148,24 @@ class Distill(Method):
         )
         return student.to(next(model.parameters()).dtype)
 
-    def train_settings(self, settings: TrainSettings) -> TrainSettings:
-        """A student starts from scratch: ``epochs_factor`` times the run's epochs."""
-        return replace(settings, epochs=settings.epochs * self.config["epochs_factor"])
-
-    def setup(self, task, model: nn.Module, data, seed: int) -> None:
+    def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
+        """One stage of ``epochs_factor`` times the run's epochs (a student starts from scratch), learning from the
+        teacher: ``--teacher``'s adapted model, else the run's chosen adapted model (distill as a baseline), else
+        the pretrained base model."""
         if self.config["teacher"]:
             from workbench.run import Run
 
             self.set_teacher(Run.load(self.config["teacher"]).model)
             log.info("distill: teacher = the adapted model of %s", self.config["teacher"])
-        elif self.teacher is None:
+        elif inputs.adapted_model is not None:
+            self.set_teacher(inputs.adapted_model())
+            log.info("distill: teacher = the model the run's chosen method adapted")
+        else:
             self.set_teacher(self._base)
             log.info("distill: teacher = the pretrained base model (not adapted; give --teacher RUN_DIR to change)")
         self.teacher.to(next(model.parameters()).device)
+        settings = replace(inputs.settings, epochs=inputs.settings.epochs * self.config["epochs_factor"])
+        return [Stage("train", data.train, data.val, settings, partial(self.loss, task))]
 
     def loss(self, task, model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
         ecg, labels = batch

@@ -5,7 +5,7 @@ Heterogeneous Knowledge Adaptation" (seed 000; METHODS.md "H-LoRA"). A vision-la
 token-routed low-rank experts on every linear layer of its language model except the output head — one for
 comprehension (VQA, reports), one for generation (image tokens) — chosen by the task kind of the batch
 (`workbench.adaptation.lora.plugins`; the model activates the plug-in named by the kind of its input). Three
-training stages (`Method.stages`), each ``--epochs`` long:
+training stages (its `Method.plan`), each ``--epochs`` long:
 
 1. ``align``: the vision adapters (the model's ``projectors`` target group) and the generation plug-in, on the
    alignment sub-tasks (``--alignment-tasks``; by default, "auto", the findings report and reconstruction where the
@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, ClassVar, Sequence
+from functools import partial
+from pathlib import Path
+from typing import ClassVar, Sequence
 
 from torch import nn
 from workbench.adaptation.lora import PluginConfig, apply_plugins, save_plugin
@@ -52,7 +54,7 @@ from workbench.adaptation.lora.model import target_names
 from workbench.adaptation.lora.plugins import plugin_names
 
 from workbench.errors import UserError
-from workbench.method import Method
+from workbench.method import Method, PlanInputs, Stage
 from workbench.model import require
 from workbench.options import Option
 from workbench.registry import methods
@@ -70,7 +72,7 @@ class _HeterogeneousLoRA(Method):
     """The shared recipe; subclasses set the plug-in ``layout`` and the ``stages``."""
 
     layout: ClassVar[str] = "hlora"
-    stages = STAGES
+    stage_names: ClassVar[tuple[str, ...]] = STAGES
     needs_model = ("lora_target_groups", "head")
     needs_task = ("task_types",)
     learning_rate = 1e-3
@@ -118,7 +120,7 @@ class _HeterogeneousLoRA(Method):
         target_names(model, [self.config["vision_adapters"]])
         if not callable(getattr(model, "get_input_embeddings", None)):
             raise UserError(f"method '{self.name}' needs a model with word embeddings (get_input_embeddings)")
-        if "align" in self.stages and self.config["alignment_tasks"] != "auto":
+        if "align" in self.stage_names and self.config["alignment_tasks"] != "auto":
             wanted = self._alignment_tasks(task.sample_tasks(data.train))
             present = set(task.sample_tasks(data.train))
             missing = sorted(set(wanted) - present)
@@ -149,7 +151,6 @@ class _HeterogeneousLoRA(Method):
             "generation": [p for name, p in model.named_parameters() if ".plugins.generation." in name],
         }
         self._train_only(model, *self._groups)  # every parameter any stage trains (counted, saved)
-        self._names = [name for name, p in model.named_parameters() if p.requires_grad]
         self._model = model
         return model
 
@@ -159,43 +160,51 @@ class _HeterogeneousLoRA(Method):
             for p in self._groups[group]:
                 p.requires_grad_(True)
 
-    def start_stage(self, stage: str, task, model: nn.Module, data, settings) -> tuple[Sequence, Sequence, Any]:
-        if stage == "align":
-            self._train_only(model, "vision", "generation")
-            present = task.sample_tasks(data.train)
-            wanted = set(self._alignment_tasks(present))
-            if self.config["alignment_tasks"] == "auto" and not wanted & set(ALIGNMENT_TASKS):
-                log.warning(
-                    "%s: the training data hold no %s sub-task (alignment 'auto'): stage 1 aligns the vision adapters "
-                    "on %s instead",
-                    self.name,
-                    " or ".join(ALIGNMENT_TASKS),
-                    ", ".join(sorted(wanted)),
-                )
-            train = [s for s, t in zip(data.train, present) if t in wanted]
-            val = [s for s, t in zip(data.val, task.sample_tasks(data.val)) if t in wanted] or data.val
-            stage = replace(settings, learning_rate=self.config["align_learning_rate"],
-                            batch_size=min(settings.batch_size, len(train)))  # fmt: skip
-            return train, val, stage
-        if stage == "embed":
-            self._train_only(model, "embed")
-            return data.train, data.val, replace(settings, learning_rate=self.config["embed_learning_rate"])
-        if stage == "adapt":
-            self._train_only(model, "vision", "comprehension", "generation")
-            return data.train, data.val, settings
-        self._train_only(model, *self._groups)  # "mixed": everything at once, for the three stages' epochs
-        return data.train, data.val, replace(settings, epochs=3 * settings.epochs)
+    def _names_of(self, model: nn.Module, *groups: str) -> frozenset[str]:
+        """The parameter names of ``groups``."""
+        chosen = {id(p) for group in groups for p in self._groups[group]}
+        return frozenset(name for name, p in model.named_parameters() if id(p) in chosen)
 
-    def trainable_state(self, model: nn.Module) -> dict[str, Any]:
-        """Every parameter any stage trained, by name."""
-        params = dict(model.named_parameters())
-        return {name: params[name].detach().clone() for name in self._names}
+    def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
+        """The stages of ``stage_names``; the last writes each plug-in into ``inputs.outputs`` (`save_plugins`)."""
+        loss = partial(self.loss, task)
+        settings = inputs.settings
+        stages = {
+            "embed": lambda: Stage("embed", data.train, data.val,
+                                   replace(settings, learning_rate=self.config["embed_learning_rate"]), loss,
+                                   self._names_of(model, "embed")),  # fmt: skip
+            "adapt": lambda: Stage("adapt", data.train, data.val, settings, loss,
+                                   self._names_of(model, "vision", "comprehension", "generation")),  # fmt: skip
+            # everything at once, for the three stages' epochs
+            "mixed": lambda: Stage("mixed", data.train, data.val, replace(settings, epochs=3 * settings.epochs), loss,
+                                   self._names_of(model, *self._groups)),  # fmt: skip
+            "align": lambda: self._align_stage(task, model, data, settings),
+        }
+        plan = [stages[name]() for name in self.stage_names]
+        if inputs.outputs is not None:
+            plan[-1] = replace(plan[-1], on_end=partial(self.save_plugins, inputs.outputs))
+        return plan
 
-    def load_trainable_state(self, model: nn.Module, state, source="<state>") -> None:
-        self._train_only(model, *self._groups)
-        super().load_trainable_state(model, state, source)
+    def _align_stage(self, task, model: nn.Module, data, settings) -> Stage:
+        """Stage 1: the vision adapters and the generation plug-in on the alignment sub-tasks."""
+        present = task.sample_tasks(data.train)
+        wanted = set(self._alignment_tasks(present))
+        if self.config["alignment_tasks"] == "auto" and not wanted & set(ALIGNMENT_TASKS):
+            log.warning(
+                "%s: the training data hold no %s sub-task (alignment 'auto'): stage 1 aligns the vision adapters "
+                "on %s instead",
+                self.name,
+                " or ".join(ALIGNMENT_TASKS),
+                ", ".join(sorted(wanted)),
+            )
+        train = [s for s, t in zip(data.train, present) if t in wanted]
+        val = [s for s, t in zip(data.val, task.sample_tasks(data.val)) if t in wanted] or data.val
+        settings = replace(settings, learning_rate=self.config["align_learning_rate"],
+                           batch_size=min(settings.batch_size, len(train)))  # fmt: skip
+        return Stage("align", train, val, settings, partial(self.loss, task), self._names_of(model, "vision",
+                                                                                              "generation"))
 
-    def save_outputs(self, folder) -> None:
+    def save_plugins(self, folder: Path) -> None:
         """Each plug-in as its own file, ``<run>/<method>/<plug-in>.safetensors`` (`workbench.adaptation.lora.
         load_plugin` reads it into a model carrying the same plug-ins: HealthGPT's swappable plug-ins)."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -233,4 +242,4 @@ class HLoRAPlainLoRA(_HeterogeneousLoRA):
 class HLoRAMixed(_HeterogeneousLoRA):
     name = "hlora-mixed"
     description = "H-LoRA trained in one mixed stage (everything at once, three times the epochs)"
-    stages = ("mixed",)
+    stage_names = ("mixed",)

@@ -45,6 +45,7 @@ Shapes:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -53,7 +54,7 @@ from torch import nn
 from workbench.models.graph import BRANCHES, GraphNet
 
 from workbench.errors import UserError
-from workbench.method import Method
+from workbench.method import Method, PlanInputs, Stage
 from workbench.options import Option
 from workbench.registry import methods
 
@@ -145,6 +146,11 @@ class EncoderMethod(Method):
         graph_batch(data.train[0], self.name)
         self.seed = seed
         self.epoch = 0
+
+    def plan(self, task: "Task", model: nn.Module, data: "TaskData", inputs: PlanInputs) -> list[Stage]:
+        """One stage that keeps the epoch (`start_epoch`) for the pair draws and the pseudo-label warm-up."""
+        return [dataclasses.replace(stage, on_epoch=self.start_epoch) for stage in super().plan(task, model, data,
+                                                                                                 inputs)]
 
     def start_epoch(self, epoch: int, epochs: int) -> None:
         self.epoch, self.epochs = epoch, epochs

@@ -39,6 +39,8 @@ Shapes:
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import torch
@@ -47,7 +49,7 @@ from torch import nn
 from workbench.adaptation import lora
 
 from workbench.errors import UserError
-from workbench.method import Method
+from workbench.method import Method, PlanInputs, Stage
 from workbench.model import require
 from workbench.options import Option
 from workbench.registry import methods
@@ -322,8 +324,14 @@ class HTuning(Method):
     def setup(self, task, model: nn.Module, data, seed: int) -> None:
         self.seed = int(seed)
 
+    def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
+        """One stage whose gradients are `gradients` (no backward pass through the LoRA factors)."""
+        return [replace(stage, gradients=partial(self.gradients, task)) for stage in super().plan(task, model, data,
+                                                                                                   inputs)]
+
     def gradients(self, task, model: nn.Module, batch: Any, step: int) -> torch.Tensor:
-        """The engine hook: one mixed-order gradient for ``batch = (inputs, labels)`` at global ``step``."""
+        """One mixed-order gradient for ``batch = (inputs, labels)`` at global ``step``, written into the trainable
+        ``.grad``; returns the detached loss (`workbench.method.Stage.gradients`)."""
         try:
             batch_x, batch_y = batch
         except (TypeError, ValueError):

@@ -13,12 +13,14 @@ plan-based weights on the same backbone and loss.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from workbench.adaptation.source_weighting import WeightedSourceLoss
 
+from workbench.method import PlanInputs, Stage
 from workbench.registry import methods
 
 if TYPE_CHECKING:
@@ -45,6 +47,11 @@ class PADAWeights(WeightedSourceLoss):
         super().setup(task, model, data, seed)
         self.train_labels = task.batch_labels(task.collate(data.train, self.device))
         self.val_labels = task.batch_labels(task.collate(data.val, self.device))
+
+    def plan(self, task: "Task", model: nn.Module, data: "TaskData", inputs: PlanInputs) -> list[Stage]:
+        """One stage whose class weights are refreshed from the target before every epoch (`start_epoch`)."""
+        return [dataclasses.replace(stage, on_epoch=self.start_epoch) for stage in super().plan(task, model, data,
+                                                                                                 inputs)]
 
     def start_epoch(self, epoch: int, epochs: int) -> None:
         weights = target_class_weights(self.task, self.model, self.data.target, self.device)

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -72,13 +73,12 @@ from torch import nn
 from workbench.adaptation.source_weighting import effective_sample_share, outlier_weight_share
 
 from workbench.errors import UserError
-from workbench.method import Method
+from workbench.method import Method, PlanInputs, Stage
 from workbench.options import Option
 from workbench.registry import methods
 
 if TYPE_CHECKING:
     from workbench.task import Task, TaskData
-    from workbench.trainer import TrainSettings
 
 
 def _as_float_tensor(value, name: str, like: torch.Tensor) -> torch.Tensor:
@@ -496,9 +496,12 @@ class Warmpot(Method):
     def prepare(self, model: nn.Module) -> nn.Module:
         return model.requires_grad_(True)
 
-    def train_settings(self, settings: "TrainSettings") -> "TrainSettings":
-        """Only epochs at the full mass can be chosen (`TrainSettings.select_from`): see the class docstring."""
-        return dataclasses.replace(settings, select_from=full_mass_epoch(self.config["anneal"], settings.epochs))
+    def plan(self, task: "Task", model: nn.Module, data: "TaskData", inputs: PlanInputs) -> list[Stage]:
+        """One stage with the transported mass annealed per epoch (`start_epoch`), of which only epochs at the full
+        mass can be chosen (`TrainSettings.select_from`): see the class docstring."""
+        settings = inputs.settings
+        settings = dataclasses.replace(settings, select_from=full_mass_epoch(self.config["anneal"], settings.epochs))
+        return [Stage("train", data.train, data.val, settings, partial(self.loss, task), on_epoch=self.start_epoch)]
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         self.target, self.seed = data.target, seed

@@ -63,6 +63,7 @@ def worker(method_name: str, options: dict, batch_size: int, steps: int, device_
     """Training memory and seconds per step of one method, measured in this (fresh) process; then the run's figure."""
     from workbench.domains.ecg.task import PtbXl
 
+    from workbench.method import PlanInputs
     from workbench.registry import methods
     from workbench.run import _training_step_bytes
     from workbench.trainer import TrainSettings
@@ -76,19 +77,20 @@ def worker(method_name: str, options: dict, batch_size: int, steps: int, device_
     data, _ = task.prepare(base, raw, 10**6, 10**6, seed)
     samples = [data.train[i % len(data.train)] for i in range(batch_size)]
     method = methods.get(method_name)(**options)
-    if method.takes_teacher:
-        method.set_teacher(copy.deepcopy(base))  # the adapted teacher has the base's architecture and cost
+    teacher = copy.deepcopy(base)  # for distill: the adapted teacher has the base's architecture and cost
     model = method.prepare(base).to(device)
     probe = copy.deepcopy(model)  # for the run's figure, untouched by the steps below (it measures a copy too)
     method.setup(task, model, data, seed)
+    settings = TrainSettings(batch_size=batch_size, learning_rate=1e-3, seed=seed)
+    stage = method.plan(task, model, data, PlanInputs(settings, adapted_model=lambda: teacher))[-1]
     batch = task.collate(samples, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-3)
 
     def step(index: int) -> None:
         optimizer.zero_grad(set_to_none=True)
-        if method.gradients(task, model, batch, index) is None:
-            method.loss(task, model, batch, True).backward()
+        if stage.gradients is None or stage.gradients(model, batch, index) is None:
+            stage.loss(model, batch, True).backward()
         optimizer.step()
 
     step(0)  # warm-up: one-time kernel and autograd set-up is not the method's memory
@@ -111,12 +113,11 @@ def worker(method_name: str, options: dict, batch_size: int, steps: int, device_
         training_bytes = torch.cuda.max_memory_allocated(device) - start_bytes
     else:
         training_bytes = (_resident_kib("VmHWM") - start_kib) * 1024
-    settings = TrainSettings(batch_size=batch_size, learning_rate=1e-3, seed=seed)
     return {
         "training_bytes": int(training_bytes),
         "seconds_per_step": statistics.median(seconds),
         "trainable_parameters": sum(p.numel() for p in trainable),
-        "in_run_step_bytes": _training_step_bytes(method, task, probe, data, settings, device),
+        "in_run_step_bytes": _training_step_bytes(stage, task, probe, data, device),
     }
 
 

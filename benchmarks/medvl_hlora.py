@@ -76,6 +76,7 @@ def step_times(ks: tuple[int, ...], repeats: int) -> list[dict]:
     """Median seconds of one training step per layout and k, interleaved in one process."""
     from workbench.adaptation.hlora import HLoRA, HLoRAPlainLoRA, MoELoRA
 
+    from workbench.method import PlanInputs
     from workbench.registry import tasks
 
     task = tasks.get("medvl")()
@@ -88,7 +89,10 @@ def step_times(ks: tuple[int, ...], repeats: int) -> list[dict]:
         for cls in (HLoRAPlainLoRA, HLoRA, MoELoRA):
             method = cls(experts=k)
             model = method.prepare(copy.deepcopy(base)).train()
-            method.start_stage("adapt", task, model, data, replace(_settings(), epochs=1))
+            plan = method.plan(task, model, data, PlanInputs(replace(_settings(), epochs=1)))
+            adapt = next(stage for stage in plan if stage.name == "adapt")
+            for name, p in model.named_parameters():
+                p.requires_grad_(name in adapt.trainable)
             optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
             models[cls.name] = (model, optimizer)
         times = {name: [] for name in models}

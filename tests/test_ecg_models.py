@@ -242,19 +242,22 @@ def test_in_run_step_memory_ranks_full_above_htuning():
 
     from workbench.domains.ecg.task import EcgSample, PtbXl
 
+    from workbench.method import PlanInputs
     from workbench.registry import methods
     from workbench.run import _training_step_bytes
     from workbench.trainer import TrainSettings
 
     ecg, labels = tiny_batch(n=6, dtype=torch.float32)
-    data = SimpleNamespace(train=[EcgSample(e.numpy(), y.numpy(), str(i)) for i, (e, y) in enumerate(zip(ecg, labels))])
+    train = [EcgSample(e.numpy(), y.numpy(), str(i)) for i, (e, y) in enumerate(zip(ecg, labels))]
+    data = SimpleNamespace(train=train, val=train[:1])
     task, settings = PtbXl(), TrainSettings(batch_size=4)
     step_bytes = {}
     for name, options in (("full", {}), ("htuning", {"rank": 2, "alpha": 2.0})):
         method = methods.get(name)(**options)
         model = method.prepare(tiny_encoder(dtype=torch.float32))
         method.setup(task, model, data, 0)
-        step_bytes[name] = _training_step_bytes(method, task, model, data, settings, torch.device("cpu"))
+        stage = method.plan(task, model, data, PlanInputs(settings))[-1]
+        step_bytes[name] = _training_step_bytes(stage, task, model, data, torch.device("cpu"))
     weights = 4 * sum(p.numel() for p in tiny_encoder().parameters())
     assert step_bytes["full"] > 4 * weights  # at least a gradient and three Adam/EMA copies of every weight
     assert step_bytes["full"] > 1.5 * step_bytes["htuning"] > 0, step_bytes

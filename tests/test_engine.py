@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from workbench.checkpoint import load_tensors, save_tensors, write_text
-from workbench.config import RunConfig, RunRequest, resolve_config
+from workbench.config import MethodEntry, RunConfig, RunRequest, resolve_config
 from workbench.datacard import DataCard, check_fields, load_card
 from workbench.errors import UserError
 from workbench.registry import Registry, methods, models, tasks
@@ -40,7 +40,7 @@ def test_registry_rejects_duplicates_and_names_the_known():
 def test_resolve_config_fills_defaults_and_warns():
     request = RunRequest("rmd17", baselines=("full", "elora"), train_size=30, device="cpu", out="runs/x")
     config, warnings = resolve_config(request)
-    assert config.method == "elora" and config.baselines == ("full",)
+    assert config.method == "elora" and config.baselines == (MethodEntry("full"),)
     assert config.val_size == 10 and config.epochs == 40 and config.patience == 15
     assert config.task_options["molecule"] == "ethanol" and config.method_options == {"rank": 16, "alpha": 16.0}
     assert any("runs once" in w for w in warnings)

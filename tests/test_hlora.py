@@ -17,6 +17,7 @@ from workbench.models.medvl import MedVL, MedVLConfig
 from workbench.models.vq import VQConfig
 
 from workbench.errors import UserError
+from workbench.method import PlanInputs
 from workbench.run import _train
 from workbench.task import TaskData
 from workbench.trainer import TrainSettings
@@ -162,18 +163,12 @@ def test_the_three_stages_train_what_they_say(tmp_path):
     task, data = ToyTask(model), toy_data(model)
     settings = TrainSettings(epochs=1, batch_size=2, learning_rate=1e-2, ema_decay=None, patience=10)
     seen = {}
-    original = method.start_stage
-
-    def start_stage(stage, *args):
-        if seen:
-            seen[list(seen)[-1]] = changed(model, seen[list(seen)[-1]])
-        seen[stage] = snapshot(model)
-        return original(stage, *args)
-
-    method.start_stage = start_stage
     before = snapshot(model)
-    history = _train(method, task, model, data, settings, tmp_path / "m.pt", "cpu", False, "hlora", False)
-    seen["adapt"] = changed(model, seen["adapt"])
+    history = []
+    for stage in method.plan(task, model, data, PlanInputs(settings)):  # one stage at a time, as the run does
+        start = snapshot(model)
+        history += _train([stage], task, model, tmp_path / f"{stage.name}.pt", "cpu", False, "hlora", False)
+        seen[stage.name] = changed(model, start)
     assert [h["stage"] for h in history] == ["align", "embed", "adapt"]
     projectors = {n for n in before if n.startswith("projector_")}
     comprehension = {n for n in before if ".plugins.comprehension." in n}
@@ -199,8 +194,9 @@ def test_mixed_training_is_one_stage_of_everything_for_three_times_the_epochs(tm
     method = HLoRAMixed(**SMALL)
     model = method.prepare(tiny())
     settings = TrainSettings(epochs=1, batch_size=4, learning_rate=1e-2, ema_decay=None, patience=10)
-    history = _train(method, ToyTask(model), model, toy_data(model), settings, tmp_path / "m.pt", "cpu", False, "x",
-                     False)  # fmt: skip
+    task = ToyTask(model)
+    history = _train(method.plan(task, model, toy_data(model), PlanInputs(settings)), task, model, tmp_path / "m.pt",
+                     "cpu", False, "x", False)  # fmt: skip
     assert [h["stage"] for h in history] == ["mixed"] * 3
     assert {n for n, p in model.named_parameters() if p.requires_grad} == set(method.trainable_state(model))
 
@@ -233,7 +229,8 @@ def test_question_answering_only_data_get_the_comprehension_plugin_alone_and_ali
     task = ToyTask(model)
     settings = TrainSettings(epochs=1, batch_size=2, learning_rate=1e-2, ema_decay=None, patience=10)
     before = snapshot(model)
-    history = _train(hlora, task, model, data, settings, tmp_path / "m.pt", "cpu", False, "qa", False)
+    history = _train(hlora.plan(task, model, data, PlanInputs(settings)), task, model, tmp_path / "m.pt", "cpu", False,
+                     "qa", False)  # fmt: skip
     assert [h["stage"] for h in history] == ["align", "embed", "adapt"]
     moved = changed(model, before)
     assert moved & {n for n in before if n.startswith("projector_comprehension.")}

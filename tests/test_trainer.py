@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.method import Method
+from workbench.method import Method, PlanInputs, Stage
 from workbench.run import _best_epoch, _train
 from workbench.task import TaskData
 from workbench.trainer import Trainer, TrainSettings
@@ -197,16 +197,16 @@ class TwoStages(Method):
 
     name = "two-stages"
     description = "test"
-    stages = ("weight", "bias")
 
     def prepare(self, model):
         return model
 
-    def start_stage(self, stage, task, model, data, settings):
-        model.weight.requires_grad_(stage == "weight")
-        model.bias.requires_grad_(stage == "bias")
-        samples = data.train[: len(data.train) // 2] if stage == "weight" else data.train
-        return samples, data.val, replace(settings, epochs=3 if stage == "weight" else 2)
+    def plan(self, task, model, data, inputs):
+        loss, settings, half = task.loss, inputs.settings, data.train[: len(data.train) // 2]
+        return [
+            Stage("weight", half, data.val, replace(settings, epochs=3), loss, {"weight"}),
+            Stage("bias", data.train, data.val, replace(settings, epochs=2), loss, {"bias"}),
+        ]
 
 
 class RegressionTask:
@@ -220,7 +220,9 @@ def test_a_method_in_stages_trains_each_stage_with_its_own_parameters_samples_an
     data = TaskData(train=regression(32, 1), val=regression(8, 2), test=[], source="test")
     model, method = fresh_model(), TwoStages()
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
-    history = _train(method, RegressionTask(), model, data, SETTINGS, tmp_path / "m.pt", "cpu", False, "m", False)
+    task = RegressionTask()
+    history = _train(method.plan(task, model, data, PlanInputs(SETTINGS)), task, model, tmp_path / "m.pt", "cpu", False,
+                     "m", False)  # fmt: skip
     assert [(h["epoch"], h["stage"], h["stage_epoch"]) for h in history] == [
         (0, "weight", 0), (1, "weight", 1), (2, "weight", 2), (3, "bias", 0), (4, "bias", 1),
     ]  # fmt: skip
@@ -228,5 +230,6 @@ def test_a_method_in_stages_trains_each_stage_with_its_own_parameters_samples_an
     assert not torch.equal(model.weight, start["weight"]) and not torch.equal(model.bias, start["bias"])
     assert _best_epoch(history) in (3, 4)  # chosen within the last stage
     again = fresh_model()  # resumed from the finished stages' checkpoints: the same weights
-    _train(TwoStages(), RegressionTask(), again, data, SETTINGS, tmp_path / "m.pt", "cpu", False, "m", True)
+    _train(TwoStages().plan(task, again, data, PlanInputs(SETTINGS)), task, again, tmp_path / "m.pt", "cpu", False, "m",
+           True)  # fmt: skip
     assert torch.equal(again.weight, model.weight) and torch.equal(again.bias, model.bias)

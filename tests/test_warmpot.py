@@ -15,6 +15,8 @@ from workbench.domains.features import partial_da
 from workbench.domains.features.partial_da import make_partial_da
 
 import workbench as wb
+from workbench.method import PlanInputs
+from workbench.task import TaskData
 from workbench.trainer import TrainSettings
 
 
@@ -257,7 +259,8 @@ def test_docstring_examples(module):
 
 def test_only_epochs_at_the_full_mass_can_be_chosen(tmp_path):
     method = warmpot.Warmpot()
-    first = method.train_settings(TrainSettings(epochs=60)).select_from
+    data = TaskData(train=[], val=[], test=[], source="none")
+    first = method.plan(None, None, data, PlanInputs(TrainSettings(epochs=60)))[0].settings.select_from
     assert first == warmpot.full_mass_epoch(0.5, 60) == 30
     method.start_epoch(first - 1, 60)
     assert method.mass < method.config["mass"]

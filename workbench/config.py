@@ -111,7 +111,7 @@ class RunConfig:
 
     task: str
     method: str
-    baselines: tuple[str, ...]
+    baselines: tuple[MethodEntry, ...]
     data: str | None
     model: str | None
     trust_checkpoint: bool
@@ -130,25 +130,46 @@ class RunConfig:
     device: str
     task_options: dict[str, Any] = field(default_factory=dict)
     method_options: dict[str, Any] = field(default_factory=dict)
-    #: One of `PRECISIONS` less "auto" (runs written before it existed: "auto", the task's first).
+    #: One of `PRECISIONS` less "auto" (resolved when read from runs written before it existed: the task's first).
     precision: str = "auto"
     #: CPU threads the run computed with (`workbench.threads`); 0 until chosen, and in runs written before.
     threads: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         content = dataclasses.asdict(self)
-        content["baselines"] = list(self.baselines)
+        content["baselines"] = [str(entry) for entry in self.baselines]
         return content
 
     @classmethod
     def from_dict(cls, content: dict[str, Any]) -> "RunConfig":
-        return cls(**{**content, "baselines": tuple(content["baselines"])})
+        precision = content.get("precision", "auto")
+        if precision == "auto":
+            precision = tasks.get(content["task"]).precisions[0]
+        baselines = tuple(MethodEntry.parse(entry) for entry in content["baselines"])
+        return cls(**{**content, "baselines": baselines, "precision": precision})
+
+    def entries(self) -> list[MethodEntry]:
+        """The chosen method, then the baselines: the order a run trains them in."""
+        return [MethodEntry(self.method), *self.baselines]
 
 
-def split_entry(entry: str) -> tuple[str, str | None]:
-    """``"full@OTHER"`` → ``("full", "OTHER")``; ``"full"`` → ``("full", None)`` (the run's own model)."""
-    method, _, model = entry.partition("@")
-    return method, model or None
+@dataclass(frozen=True)
+class MethodEntry:
+    """One method of a run: ``METHOD``, or ``METHOD@MODEL`` for a baseline run on another registered model of the
+    task (``full@OTHER``: full training of the model ``OTHER`` beside the task's default model)."""
+
+    method: str
+    #: A registered model's name; None for the run's own model.
+    model: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "MethodEntry":
+        """``"full@OTHER"`` → ``MethodEntry("full", "OTHER")``; ``"full"`` → ``MethodEntry("full")``."""
+        method, _, model = text.partition("@")
+        return cls(method, model or None)
+
+    def __str__(self) -> str:
+        return self.method if self.model is None else f"{self.method}@{self.model}"
 
 
 def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[RunConfig, list[str]]:
@@ -162,15 +183,15 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
     warnings = []
     profile = task_cls.profile(method)
     baselines = request.baselines
-    chosen_baselines = tuple(profile.get("baselines", task_cls.baselines) if baselines is None else baselines)
+    texts = profile.get("baselines", task_cls.baselines) if baselines is None else baselines
+    chosen_baselines = tuple(MethodEntry.parse(text) for text in texts)
     for entry in chosen_baselines:
-        name, model_name = split_entry(entry)
-        methods.get(name)
-        if model_name is not None:
-            models.get(model_name)
-    if method in chosen_baselines:
+        methods.get(entry.method)
+        if entry.model is not None:
+            models.get(entry.model)
+    if MethodEntry(method) in chosen_baselines:
         warnings.append(f"'{method}' is the chosen method and a baseline: it runs once, as the chosen method")
-        chosen_baselines = tuple(name for name in chosen_baselines if name != method)
+        chosen_baselines = tuple(entry for entry in chosen_baselines if entry != MethodEntry(method))
     defaults = task_cls.defaults
     epochs = defaults.get("epochs", 40) if request.epochs is None else request.epochs
     train_size = defaults.get("train_size", 100) if request.train_size is None else request.train_size

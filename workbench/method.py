@@ -1,43 +1,40 @@
-"""The shape every adaptation method shares.
+"""The shape every adaptation method shares, and the training plan it hands the run.
 
-A method hooks into the run at named points, in this order:
+A method hooks into the run at these points, in this order:
 
 - ``check(task, data, model)``: refuse, before anything is written, a task, data or model the method cannot work
   with (the default checks ``model_families``, ``needs_model`` and ``needs_task`` against what the model and the
   task declare);
-- ``prepare(model)``: attach adapters, choose what trains;
+- ``prepare(model)``: attach adapters, choose what trains (every parameter any stage trains: counted and saved);
 - ``setup(task, model, data, seed)``: look at the data before training (fit sample weights, keep the
   unlabelled target samples);
-- ``start_stage(stage, task, model, data, settings)``: for methods trained in several stages (``stages``, each a
-  whole trainer run: HealthGPT's alignment, embedding and adapter stages), choose what trains in that stage and
-  return its training and validation samples and settings;
-- ``start_epoch(epoch, epochs)``: schedules that depend on training progress (mass annealing);
-- ``loss(task, model, batch, training)``: the objective (the task's loss unless the method weights
-  samples or adds a term);
-- ``gradients(task, model, batch, step)``: for methods that replace backprop (H-Tuning's zeroth/first-order
-  mix): fill every trainable ``.grad`` and return the detached batch loss; None (the default) lets the
-  trainer call ``loss(...).backward()``. ``step`` is the global training step (0, 1, ..., the same after a
-  resume), so a method seeds its randomness with ``seed * 1_000_003 + step`` (``seed`` from ``setup``) and a
-  resumed run draws what an uninterrupted one would. Validation always uses ``loss``;
+- ``plan(task, model, data, inputs)``: the training plan, a list of `Stage` run in order, each a whole trainer run
+  with its own trainable parameters, samples, settings, loss and optional gradient function and epoch hook. One
+  stage (the default) is ordinary training; several are staged training (HealthGPT's alignment, embedding and
+  adapter stages); none is a method that adapts without training (PhysioPFM generates its weights in ``setup``).
+  `PlanInputs` carries the run's training settings, the folder where the run's chosen method writes what it makes
+  besides the adapter, and the run's chosen adapted model for methods that learn from it (distillation);
+- ``loss(task, model, batch, training)``: the objective the default plan trains (the task's loss unless the method
+  weights samples or adds a term);
 - ``diagnostics(task, model, data)``: extra numbers for ``metrics.json`` after training;
-- ``merge(model)``: fold adapters into plain weights at the end;
-- ``save_outputs(folder)``: the chosen method writes what its stages made (a generator, descriptors) into
-  ``<run>/<method name>/``.
+- ``merge(model)``: fold adapters into plain weights at the end.
 
-A method with ``trains = False`` adapts in ``setup`` alone (weights generated, not trained): the trainer does not
-run for it and its ``train_seconds`` are 0.
+A stage's ``gradients(model, batch, step)``, for methods that replace backprop (H-Tuning's zeroth/first-order mix),
+fills every trainable ``.grad`` and returns the detached batch loss (None lets the trainer call
+``loss(...).backward()``). ``step`` is the global training step (0, 1, ..., the same after a resume), so a method
+seeds its randomness with ``seed * 1_000_003 + step`` and a resumed run draws what an uninterrupted one would.
+Validation always uses the stage's ``loss``.
 
-A method that learns from another model (distillation, ``takes_teacher``) and runs as a baseline receives
-the model the run's chosen method adapted through ``set_teacher(model)`` before ``setup``.
-
-The state a method owns apart from the base model (``trainable_state``) is saved as
-``adapter.safetensors``. Methods stay usable without the trainer, on plain PyTorch modules.
+The state a method owns apart from the base model (``trainable_state``) is saved as ``adapter.safetensors``.
+Methods stay usable without the trainer, on plain PyTorch modules.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -46,10 +43,48 @@ from workbench.checkpoint import check_state_fits
 from workbench.errors import UserError
 from workbench.model import require
 from workbench.options import Option, resolve_options
+from workbench.trainer import TrainSettings
 
 if TYPE_CHECKING:
     from workbench.task import Task, TaskData
-    from workbench.trainer import TrainSettings
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One trainer run of a method's plan (`Method.plan`)."""
+
+    name: str
+    train: Sequence[Any]
+    val: Sequence[Any]
+    settings: TrainSettings
+    #: ``loss(model, batch, training) -> scalar tensor`` (mean over the batch); validation uses it too.
+    loss: Callable[[nn.Module, Any, bool], torch.Tensor]
+    #: Names of the parameters this stage trains (the rest are frozen while it runs); None: those ``prepare`` left
+    #: trainable. After the last stage every parameter ``prepare`` left trainable is trainable again.
+    trainable: Collection[str] | None = None
+    #: ``gradients(model, batch, step) -> detached loss | None``: fills every trainable ``.grad`` itself (see the
+    #: module docstring); None: ``loss(...).backward()``.
+    gradients: Callable[[nn.Module, Any, int], torch.Tensor | None] | None = None
+    #: ``on_epoch(epoch, epochs)`` before each training epoch (0-based ``epoch`` of at most ``epochs``): schedules
+    #: that depend on training progress (mass annealing, class weights from the target).
+    on_epoch: Callable[[int, int], None] | None = None
+    #: Called once when the stage has finished training (the best weights are in the model): a plan writes what
+    #: the stage made into `PlanInputs.outputs`.
+    on_end: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a run hands `Method.plan` besides the task, model and data."""
+
+    #: The run's training settings (epochs, batch size, learning rate: the method's own unless the user gave one).
+    settings: TrainSettings
+    #: Where the run's chosen method writes what its stages made besides the adapter (``<run>/<method name>/``);
+    #: None for baselines, processes other than rank 0 and runs outside `workbench.run`.
+    outputs: Path | None = None
+    #: The model the run's chosen method adapted (built when called), for a baseline that learns from it; None for
+    #: the chosen method itself.
+    adapted_model: Callable[[], nn.Module] | None = None
 
 
 class Method:
@@ -61,14 +96,8 @@ class Method:
     learning_rate: ClassVar[float] = 1e-3
     #: Method-specific options, e.g. ``rank``.
     options: ClassVar[tuple[Option, ...]] = ()
-    #: False for methods that take no gradient step on the task's data (everything happens in ``setup``).
-    trains: ClassVar[bool] = True
-    #: Names of the training stages, run in this order, each a whole trainer run (`start_stage` prepares each).
-    stages: ClassVar[tuple[str, ...]] = ("train",)
     #: Whether long set-up work shows a progress bar (the run sets it; off with ``--quiet``).
     progress: bool = True
-    #: True for methods that learn from a teacher model: a run hands them its chosen method's adapted model.
-    takes_teacher: ClassVar[bool] = False
     #: The model families (`workbench.model.ModelSpec.family`) the method can adapt; empty for any.
     model_families: ClassVar[tuple[str, ...]] = ()
     #: What the model must declare (`workbench.model.NEEDS`: ``head``, ``lora_target_groups``, ``embedding``,
@@ -97,35 +126,17 @@ class Method:
         if "target_pool" in self.needs_task and not data.target:
             raise UserError(f"method '{self.name}' needs unlabelled target samples; task '{task.name}' has none here")
 
-    def set_teacher(self, teacher: nn.Module) -> None:
-        """The model to learn from (only for ``takes_teacher`` methods)."""
-        raise NotImplementedError(f"method '{self.name}' takes no teacher")
-
-    def train_settings(self, settings: "TrainSettings") -> "TrainSettings":
-        """The run's training settings as this method needs them (default: unchanged)."""
-        return settings
-
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         """Called once before training, with the prepared model (on its device) and the run's samples."""
 
-    def start_stage(
-        self, stage: str, task: "Task", model: nn.Module, data: "TaskData", settings: "TrainSettings"
-    ) -> tuple[Sequence[Any], Sequence[Any], "TrainSettings"]:
-        """Before training stage ``stage`` (one of ``stages``): set what trains (``requires_grad``) and return that
-        stage's (training samples, validation samples, settings). By default: the run's, unchanged."""
-        return data.train, data.val, settings
-
-    def start_epoch(self, epoch: int, epochs: int) -> None:
-        """Called before each training epoch (0-based ``epoch`` of at most ``epochs``)."""
+    def plan(self, task: "Task", model: nn.Module, data: "TaskData", inputs: "PlanInputs") -> list["Stage"]:
+        """The stages to train, in order (after ``setup``). By default one stage: the run's samples and settings,
+        this method's ``loss``, the parameters ``prepare`` left trainable."""
+        return [Stage("train", data.train, data.val, inputs.settings, functools.partial(self.loss, task))]
 
     def loss(self, task: "Task", model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
         """The training objective on one batch (scalar); by default the task's own loss."""
         return task.loss(model, batch, training)
-
-    def gradients(self, task: "Task", model: nn.Module, batch: Any, step: int) -> torch.Tensor | None:
-        """Fill the trainable parameters' ``.grad`` for one training batch and return the detached loss, or
-        return None (the default) for the usual ``loss(...).backward()``."""
-        return None
 
     def diagnostics(self, task: "Task", model: nn.Module, data: "TaskData") -> dict[str, float]:
         """Numbers about the method itself after training (e.g. where its sample weights went)."""
@@ -134,9 +145,6 @@ class Method:
     def merge(self, model: nn.Module) -> nn.Module:
         """Fold adapters into the base weights; returns a plain model (identity for weight-only methods)."""
         return model
-
-    def save_outputs(self, folder: Path) -> None:
-        """Write what the method's stages made besides the adapter into ``folder`` (default: nothing)."""
 
     def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """What the method owns apart from the frozen base: every trainable parameter, by name."""

@@ -112,7 +112,7 @@ def markdown(
     """The run's ``report.md``: what was run, the table, the plots, the configuration."""
     header = "| model | " + " | ".join(metric_names) + " | trainable params | s/epoch | step MiB | epochs (best) |"
     lines = [
-        f"# {config.task}: {config.method} vs {', '.join(config.baselines) or 'no baselines'}",
+        f"# {config.task}: {config.method} vs {', '.join(map(str, config.baselines)) or 'no baselines'}",
         "",
         f"Data: `{data.source}` — {metrics['samples']['train']} training, {metrics['samples']['val']} validation, "
         f"{metrics['samples']['test']} test samples. Seed {config.seed}, device {config.device}.",

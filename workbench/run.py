@@ -9,7 +9,7 @@ Run directory::
     log.txt                 the log
     results/                one finished method each (metrics, history, predictions): what --resume reuses
     checkpoints/            the method in training, one file per method, removed when the run completes
-    <method>/               what the chosen method's stages made besides the adapter (`Method.save_outputs`)
+    <method>/               what the chosen method's stages made besides the adapter (`PlanInputs.outputs`)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Collection, Iterator
 
 import numpy as np
 import torch
@@ -33,10 +33,10 @@ from torch import nn
 
 from workbench import randomness, report
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
-from workbench.config import RunConfig, RunRequest, resolve_config, split_entry
+from workbench.config import MethodEntry, RunConfig, RunRequest, resolve_config
 from workbench.errors import UserError
 from workbench.memory import PeakMemory, training_step_bytes
-from workbench.method import Method, count_parameters
+from workbench.method import Method, PlanInputs, Stage, count_parameters
 from workbench.records import SkipReport
 from workbench.registry import methods, tasks
 from workbench.rundir import check_out_path, claim_file, claim_run_dir
@@ -87,7 +87,7 @@ def _adapted_model(path: Path, config: RunConfig) -> nn.Module:
     """The chosen method's model from a run directory's adapter files: base + task state + adapter, merged."""
     adapter = json.loads((path / "adapter.json").read_text())
     task = tasks.get(config.task)(**config.task_options)
-    model = cast(task.rebuild(config.model, config.trust_checkpoint, adapter["task_state"]), task, config.precision)
+    model = cast(task.rebuild(config.model, config.trust_checkpoint, adapter["task_state"]), config.precision)
     method = methods.get(adapter["method"])(**adapter["options"])
     randomness.seed_all(config.seed)
     model = method.prepare(model)
@@ -97,14 +97,9 @@ def _adapted_model(path: Path, config: RunConfig) -> nn.Module:
     return model
 
 
-def _precision(task: Task, precision: str) -> str:
-    """A run's ``--precision`` ("auto" in runs written before it existed: the task's first)."""
-    return task.precisions[0] if precision == "auto" else precision
-
-
-def cast(model: nn.Module, task: Task, precision: str) -> nn.Module:
+def cast(model: nn.Module, precision: str) -> nn.Module:
     """``model`` in the dtype of ``--precision`` float64 / float32 (mixed precisions keep float32 weights)."""
-    dtype = {"float64": torch.float64, "float32": torch.float32}.get(_precision(task, precision), torch.float32)
+    dtype = {"float64": torch.float64, "float32": torch.float32}.get(precision, torch.float32)
     parameter = next(model.parameters(), None)
     return model if parameter is None or parameter.dtype == dtype else model.to(dtype)
 
@@ -159,19 +154,17 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
     raw = task.read(config.data, config.seed)
     if task.skipped:
         log.warning("%s", task.skipped.summary())
-    base = cast(task.load_model(config.model, config.trust_checkpoint), task, config.precision)
+    base = cast(task.load_model(config.model, config.trust_checkpoint), config.precision)
     data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
     config = _fitted_batch_size(config, len(data.train), request.batch_size is not None)
     bases = {None: (base, task_state)}  # the run's model, then every other model a baseline names (METHOD@MODEL)
     for entry in config.baselines:
-        model_name = split_entry(entry)[1]
-        if model_name is not None and model_name not in bases:
-            other = cast(task.load_model(model_name, config.trust_checkpoint), task, config.precision)
-            bases[model_name] = (other, task.prepare(other, raw, config.train_size, config.val_size, config.seed)[1])
-    for entry in (config.method, *config.baselines):
-        name, model_name = split_entry(entry)
-        options = config.method_options if entry == config.method else {}
-        methods.get(name)(**options).check(task, data, bases[model_name][0])
+        if entry.model is not None and entry.model not in bases:
+            other = cast(task.load_model(entry.model, config.trust_checkpoint), config.precision)
+            bases[entry.model] = (other, task.prepare(other, raw, config.train_size, config.val_size, config.seed)[1])
+    for index, entry in enumerate(config.entries()):
+        options = config.method_options if index == 0 else {}
+        methods.get(entry.method)(**options).check(task, data, bases[entry.model][0])
     for model, _ in bases.values():
         model.to(device)
     # Everything the user gave has been read and checked: only now does the run directory appear, held by this
@@ -202,6 +195,20 @@ def _fitted_batch_size(config: RunConfig, n_train: int, given: bool) -> RunConfi
     return dataclasses.replace(config, batch_size=batch_size)
 
 
+@dataclass(frozen=True)
+class _RunContext:
+    """What every method of one run shares."""
+
+    config: RunConfig
+    task: Task
+    data: TaskData
+    out_dir: Path
+    device: torch.device
+    resume: bool
+    rank: int
+    progress: bool
+
+
 def _adapt_steps(
     config: RunConfig,
     task: Task,
@@ -224,36 +231,16 @@ def _adapt_steps(
         distributed()[1],
         config.device,
     )
-
+    run = _RunContext(config, task, data, out_dir, device, resume, rank, progress=not quiet)
     base = bases[None][0]
     before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank, resume)
     _warm_up(task, base, data, device, config.batch_size)
     results: dict[str, dict[str, Any]] = {}
     evaluations: dict[str, Evaluation] = {"before": before}
-    names = [config.method, *config.baselines]
-    chosen_is_student = methods.get(config.method).takes_teacher
-    for index, name in enumerate(names, start=1):
-        log.info("[%d/%d] %s", index, len(names), name)
-        chosen = name == config.method
-        # a distilling baseline learns from the chosen method's adapted model (read back from its adapter)
-        teacher = None if chosen or chosen_is_student else functools.partial(_teacher, out_dir, config)
-        model, task_state = bases[split_entry(name)[1]]
-        results[name], evaluations[name] = _run_method(
-            task,
-            model,
-            data,
-            name,
-            config.method_options if chosen else {},
-            config,
-            out_dir,
-            device,
-            resume,
-            rank,
-            progress=not quiet,
-            task_state=task_state,
-            save_adapter=chosen,
-            teacher=teacher,
-        )
+    entries = config.entries()
+    for index, entry in enumerate(entries):
+        log.info("[%d/%d] %s", index + 1, len(entries), entry)
+        results[str(entry)], evaluations[str(entry)] = _run_method(run, entry, *bases[entry.model], chosen=index == 0)
     metrics = _metrics(config, data, before, results, task.skipped)
     if rank == 0:
         figures = task.figures(evaluations, out_dir) + [report.learning_curves(results, out_dir)]
@@ -420,38 +407,24 @@ def _warm_up(task: Task, base: nn.Module, data: TaskData, device: torch.device, 
 
 
 def _run_method(
-    task: Task,
-    base: nn.Module,
-    data: TaskData,
-    entry: str,
-    options: dict[str, Any],
-    config: RunConfig,
-    out_dir: Path,
-    device: torch.device,
-    resume: bool,
-    rank: int,
-    progress: bool,
-    task_state: dict[str, Any],
-    save_adapter: bool,
-    teacher: Callable[[], nn.Module] | None = None,
+    run: _RunContext, entry: MethodEntry, base: nn.Module, task_state: dict[str, Any], chosen: bool
 ) -> tuple[dict[str, Any], Evaluation]:
-    """Train the method of ``entry`` (``METHOD`` or ``METHOD@MODEL``) on a copy of ``base``; reuse its saved result
-    when resuming.
+    """Train the method of ``entry`` on a copy of ``base`` (the run's model, or the one ``METHOD@MODEL`` names)
+    stage by stage, as its plan says; reuse its saved result when resuming.
 
-    With ``save_adapter`` (the chosen method) the adapter is written too, before the result that marks
-    the method finished. A ``takes_teacher`` method gets ``teacher()`` when it is given.
+    The ``chosen`` method gets the run's method options, writes its adapter (before the result that marks it
+    finished) and what its stages made; the others (baselines) may learn from the chosen method's adapted model.
     """
-    saved = _load_result(out_dir, entry) if resume else None
+    config, task, data, device = run.config, run.task, run.data, run.device
+    saved = _load_result(run.out_dir, str(entry)) if run.resume else None
     if saved is not None:
         log.info("%s: finished earlier, reusing its results", entry)
         return saved
-    method: Method = methods.get(split_entry(entry)[0])(**options)
-    if method.takes_teacher and teacher is not None:
-        method.set_teacher(teacher())
+    method: Method = methods.get(entry.method)(**(config.method_options if chosen else {}))
     randomness.seed_all(config.seed)
     model = method.prepare(copy.deepcopy(base)).to(device)
     trainable, total = count_parameters(model)
-    settings = method.train_settings(
+    inputs = PlanInputs(
         TrainSettings(
             epochs=config.epochs,
             batch_size=config.batch_size,
@@ -459,21 +432,24 @@ def _run_method(
             seed=config.seed,
             patience=config.patience,
             ema_decay=config.ema_decay or None,
-            precision=_precision(task, config.precision),
-        )
+            precision=config.precision,
+        ),
+        outputs=run.out_dir / method.name if chosen and run.rank == 0 else None,
+        adapted_model=None if chosen else functools.partial(_chosen_model, run.out_dir, config),
     )
-    method.progress = progress
+    method.progress = run.progress
     with PeakMemory(device) as memory:  # the memory of this method's set-up and training alone
         method.setup(task, model, data, config.seed)
-        history = _train(method, task, model, data, settings, out_dir / "checkpoints" / f"{entry}.pt", device,
-                         progress, entry, resume)  # fmt: skip
-    step_bytes = _training_step_bytes(method, task, model, data, settings, device) if method.trains else None
+        stages = method.plan(task, model, data, inputs)
+        history = _train(stages, task, model, run.out_dir / "checkpoints" / f"{entry}.pt", device, run.progress,
+                         str(entry), run.resume)  # fmt: skip
+    step_bytes = _training_step_bytes(stages[-1], task, model, data, device) if stages else None
     task_state = task.refit(model, data) or task_state
     evaluation = task.evaluate(model, data.test, device)
     evaluation.metrics.update(method.diagnostics(task, model, data))
     result = {
         "metrics": evaluation.metrics,
-        "learning_rate": settings.learning_rate,
+        "learning_rate": (stages[-1].settings if stages else inputs.settings).learning_rate,
         "trainable_parameters": trainable,
         "total_parameters": total,
         "train_seconds": float(sum(h["seconds"] for h in history)),
@@ -486,66 +462,76 @@ def _run_method(
         "task_state": task_state,
         "history": history,
     }
-    if rank == 0:
-        if save_adapter:
-            _save_adapter(out_dir, method, model, task_state)
-            method.save_outputs(out_dir / method.name)
-        _save_result(out_dir, entry, result, evaluation)
+    if run.rank == 0:
+        if chosen:
+            _save_adapter(run.out_dir, method, model, task_state)
+        _save_result(run.out_dir, str(entry), result, evaluation)
     return result, evaluation
 
 
-def _training_step_bytes(
-    method: Method, task: Task, model: nn.Module, data: TaskData, settings: TrainSettings, device: torch.device
-) -> int:
-    """Peak tensor bytes of one training step of ``method`` [bytes]: the larger of 2 trainer steps after a warm-up
-    step (`workbench.memory.training_step_bytes`), on a copy of ``model``, with full batches of
-    ``settings.batch_size`` training samples (cycled when there are fewer)."""
-    steps, probe = 2, copy.deepcopy(model)
-    samples = [data.train[i % len(data.train)] for i in range(settings.batch_size * distributed()[1] * (steps + 1))]
-    trainer = functools.partial(
-        Trainer, probe, functools.partial(method.loss, task), task.collate, samples, samples[:1],
-        dataclasses.replace(settings, epochs=1), device=device, progress=False, label=f"{method.name} memory",
-        epoch_start=method.start_epoch, gradients=functools.partial(method.gradients, task),
+def _trainer(
+    stage: Stage, task: Task, model: nn.Module, device: torch.device, checkpoint: Path | None = None,
+    progress: bool = False, label: str = "", settings: TrainSettings | None = None, samples: list[Any] | None = None,
+) -> Trainer:
+    """The trainer of one stage: its loss, samples, settings, gradient function and epoch hook (``settings`` and
+    ``samples`` replace the stage's for a probe)."""
+    train, val = (samples, samples[:1]) if samples is not None else (stage.train, stage.val)
+    return Trainer(
+        model, stage.loss, task.collate, train, val, settings or stage.settings, checkpoint_path=checkpoint,
+        device=device, progress=progress, label=label or stage.name, epoch_start=stage.on_epoch,
+        gradients=stage.gradients,
     )  # fmt: skip
+
+
+def _set_trainable(model: nn.Module, names: Collection[str]) -> None:
+    """Exactly the parameters ``names`` train."""
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name in names)
+
+
+def _training_step_bytes(stage: Stage, task: Task, model: nn.Module, data: TaskData, device: torch.device) -> int:
+    """Peak tensor bytes of one training step of the plan's last stage [bytes]: the larger of 2 trainer steps after
+    a warm-up step (`workbench.memory.training_step_bytes`), on a copy of ``model`` training what that stage trains,
+    with full batches of the stage's batch size (training samples cycled when there are fewer)."""
+    steps, probe = 2, copy.deepcopy(model)
+    if stage.trainable is not None:
+        _set_trainable(probe, stage.trainable)
+    n_samples = stage.settings.batch_size * distributed()[1] * (steps + 1)
+    samples = [data.train[i % len(data.train)] for i in range(n_samples)]
+    settings = dataclasses.replace(stage.settings, epochs=1)
+    trainer = functools.partial(_trainer, stage, task, probe, device, label=f"{stage.name} memory", settings=settings,
+                                samples=samples)  # fmt: skip
     return max(training_step_bytes(lambda: trainer().fit(), device))
 
 
 def _train(
-    method: Method,
+    stages: list[Stage],
     task: Task,
     model: nn.Module,
-    data: TaskData,
-    settings: TrainSettings,
     checkpoint: Path,
     device: torch.device,
     progress: bool,
     label: str,
     resume: bool,
 ) -> list[dict[str, Any]]:
-    """Train a prepared model with the method's loss, stage after stage (`Method.stages`); the trainers' history,
-    epochs numbered over all stages, each entry naming its ``stage``. Nothing for ``trains = False``."""
-    if not method.trains:
-        return []
+    """Train a prepared model stage after stage; the trainers' history, epochs numbered over all stages, each entry
+    naming its ``stage``. Nothing for a plan without stages. Afterwards every parameter that was trainable before
+    the first stage is trainable again (what the method saves as its adapter)."""
     history: list[dict[str, Any]] = []
-    staged = method.stages != ("train",)
-    for stage in method.stages:
-        train, val, stage_settings = method.start_stage(stage, task, model, data, settings)
-        trainer = Trainer(
-            model,
-            functools.partial(method.loss, task),
-            task.collate,
-            train,
-            val,
-            stage_settings,
-            checkpoint_path=checkpoint.with_name(f"{checkpoint.stem}.{stage}.pt") if staged else checkpoint,
-            device=device,
-            progress=progress,
-            label=f"{label} {stage}" if staged else label,
-            epoch_start=method.start_epoch,
-            gradients=functools.partial(method.gradients, task),
-        )
+    prepared = [name for name, p in model.named_parameters() if p.requires_grad]
+    staged = [stage.name for stage in stages] != ["train"]
+    for stage in stages:
+        if stage.trainable is not None:
+            _set_trainable(model, stage.trainable)
+        trainer = _trainer(
+            stage, task, model, device, progress=progress, label=f"{label} {stage.name}" if staged else label,
+            checkpoint=checkpoint.with_name(f"{checkpoint.stem}.{stage.name}.pt") if staged else checkpoint,
+        )  # fmt: skip
         for entry in trainer.fit(resume=resume):
-            history.append(dict(entry, epoch=len(history), stage=stage, stage_epoch=entry["epoch"]))
+            history.append(dict(entry, epoch=len(history), stage=stage.name, stage_epoch=entry["epoch"]))
+        if stage.on_end is not None:
+            stage.on_end()
+    _set_trainable(model, prepared)
     return history
 
 
@@ -558,11 +544,16 @@ def _best_epoch(history: list[dict[str, Any]]) -> int:
     return min(selectable, key=lambda h: h["val_loss"])["epoch"] if selectable else last[-1]["epoch"] if last else -1
 
 
-def _teacher(out_dir: Path, config: RunConfig) -> nn.Module:
-    """The chosen method's adapted model, from the adapter it wrote (rank 0 writes; the others wait for it)."""
+def _chosen_model(out_dir: Path, config: RunConfig) -> nn.Module:
+    """The chosen method's adapted model, from the adapter it wrote (rank 0 writes; the others wait for it). The
+    global random generators are left as they were: building it does not change what the caller draws next."""
     if dist.is_initialized():
         dist.barrier()
-    return _adapted_model(out_dir, config)
+    state = randomness.capture()
+    try:
+        return _adapted_model(out_dir, config)
+    finally:
+        randomness.restore(state)
 
 
 def _save_result(out_dir: Path, name: str, result: dict[str, Any], evaluation: Evaluation) -> None:
@@ -609,7 +600,7 @@ def _metrics(
         "skipped_records": skipped.to_json(),
         "before": before.metrics,
         "after": chosen["metrics"],
-        "baselines": {name: results[name]["metrics"] for name in config.baselines},
+        "baselines": {str(entry): results[str(entry)]["metrics"] for entry in config.baselines},
         "trainable_parameters": chosen["trainable_parameters"],
         "total_parameters": chosen["total_parameters"],
         "train_seconds": chosen["train_seconds"],

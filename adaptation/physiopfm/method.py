@@ -50,14 +50,13 @@ from workbench.adaptation.physiopfm.etf import EtfHead
 from workbench.checkpoint import save_tensors, write_json
 from workbench.errors import UserError
 from workbench.memory import PeakMemory
-from workbench.method import Method
+from workbench.method import Method, PlanInputs, Stage
 from workbench.model import require
 from workbench.options import Option
 from workbench.registry import methods
 
 if TYPE_CHECKING:
     from workbench.task import Task, TaskData
-    from workbench.trainer import TrainSettings
 
 log = logging.getLogger(__name__)
 GENERATORS = ("diffusion", "regressor")
@@ -70,7 +69,6 @@ class _BankMethod(Method):
     model_families = ()
     needs_model = ("head", "lora_target_groups")
     needs_task = ("sample_inputs", "class_labels", "lora_bank")
-    trains = False
     options = (
         Option("bank", str, "", "a bank file (default: the task's shipped bank)"),
         Option("bank_sites", str, "", "comma-separated bank sites to use (default: every site but the target's)"),
@@ -165,6 +163,10 @@ class _BankMethod(Method):
 
     def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
         raise NotImplementedError
+
+    def plan(self, task: "Task", model: nn.Module, data: "TaskData", inputs: PlanInputs) -> list[Stage]:
+        """No training stage: the factors were chosen in ``setup``."""
+        return []
 
     def diagnostics(self, task: "Task", model: nn.Module, data: "TaskData") -> dict[str, float]:
         return dict(self.diagnostics_)
@@ -282,7 +284,13 @@ class PhysioPFM(_BankMethod):
     def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
         return self._generate(torch.as_tensor(descriptor)[None], seed)[0]
 
-    def save_outputs(self, folder: Path) -> None:
+    def plan(self, task: "Task", model: nn.Module, data: "TaskData", inputs: PlanInputs) -> list[Stage]:
+        """No training stage (the adapter was generated in ``setup``); the chosen method writes what it made."""
+        if inputs.outputs is not None:
+            self.write_outputs(inputs.outputs)
+        return []
+
+    def write_outputs(self, folder: Path) -> None:
         """Each stage's output: the bank entries used, the descriptors, the generator, the generated adapter."""
         from workbench.adaptation.physiopfm.generator import save_generator
 
@@ -301,7 +309,6 @@ class LocalEtfLoRA(_BankMethod):
 
     name = "physiopfm-local"
     description = "PhysioPFM's upper bound: the same rank-4 LoRA and ETF head trained by backprop at the site"
-    trains = True
     learning_rate = 5e-3
     needs_task = ("class_labels", "lora_bank")  # measured where PhysioPFM is: tasks with a bank
     options = ()
@@ -315,9 +322,11 @@ class LocalEtfLoRA(_BankMethod):
             p.requires_grad_(True)
         return model
 
-    def train_settings(self, settings: "TrainSettings") -> "TrainSettings":
-        """Without weight averaging, as the bank's entries were fitted (EMA 0.99 lags a short fit by ~100 steps)."""
-        return dataclasses.replace(settings, ema_decay=None)
+    def plan(self, task: "Task", model: nn.Module, data: "TaskData", inputs: PlanInputs) -> list[Stage]:
+        """One stage without weight averaging, as the bank's entries were fitted (EMA 0.99 lags a short fit by
+        ~100 steps)."""
+        settings = dataclasses.replace(inputs.settings, ema_decay=None)
+        return Method.plan(self, task, model, data, dataclasses.replace(inputs, settings=settings))
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         """Nothing before training."""
