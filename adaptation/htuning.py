@@ -282,7 +282,7 @@ class HTuning(Method):
 
     name = "htuning"
     description = "H-Tuning: LoRA + mixed zeroth/first-order gradients + exact head gradient (ICML 2025)"
-    needs_model = ("lora_target_groups", "head", "embedding")
+    needs_model = ("adapter_target_groups", "head", "embedding")
     learning_rate = 2e-3  # the authors' AdamW rate
     options = (
         Option("rank", int, 16, "LoRA rank r of every update"),

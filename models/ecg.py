@@ -46,8 +46,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
-from workbench.adaptation.lora import lora_layers
-from workbench.domains.ecg.preprocess import LEADS
 
 from workbench.checkpoint import check_architecture, load_model, save_model, saved_model_files
 from workbench.errors import UserError
@@ -57,6 +55,9 @@ from workbench.registry import models
 #: The shipped teacher, pretrained on the source site of the embedded data (card ``ecg-teacher-small``).
 SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "ecg_teacher_small.safetensors"
 
+#: The 12 standard leads in the order every ECG model here reads them (channel ``i`` of a batch is ``LEADS[i]``); the
+#: ECG readers (`workbench.domains.ecg`) return records in this order.
+LEADS: tuple[str, ...] = ("I", "II", "III", "aVR", "aVL", "aVF", "V1", "V2", "V3", "V4", "V5", "V6")
 #: Leads a reduced-lead model reads from a 12-lead batch (names as in `LEADS`).
 LEAD_SUBSETS: dict[int, tuple[str, ...]] = {12: LEADS, 3: ("I", "II", "V2"), 1: ("I",)}
 
@@ -154,7 +155,7 @@ class _ECGModel(nn.Module):
 
     kind: str
     #: LoRA target groups (fnmatch patterns over module names, `workbench.adaptation.lora.apply`).
-    lora_target_groups: dict[str, tuple[str, ...]]
+    adapter_target_groups: dict[str, tuple[str, ...]]
 
     @property
     def workbench_spec(self) -> ModelSpec:
@@ -163,7 +164,7 @@ class _ECGModel(nn.Module):
         return ModelSpec(
             family="ecg",
             head="classifier",
-            lora_target_groups=dict(self.lora_target_groups),
+            adapter_target_groups=dict(self.adapter_target_groups),
             embedding="features",
             signal=SignalSpec(
                 n_chans=architecture["n_leads"],
@@ -215,7 +216,7 @@ class ECGEncoder(_ECGModel):
     """
 
     kind = "ecg_encoder"
-    lora_target_groups = {
+    adapter_target_groups = {
         "conv": ("stem.*",),
         "qkv": ("layers.*.attention.qkv",),
         "attention": ("layers.*.attention.proj",),
@@ -279,7 +280,7 @@ class ECGStudent(_ECGModel):
     """
 
     kind = "ecg_student"
-    lora_target_groups = {
+    adapter_target_groups = {
         "conv": ("stem.*",),
         "qkv": ("layers.*.attention.qkv",),
         "attention": ("layers.*.attention.proj",),
@@ -341,7 +342,7 @@ def build_ecg_model(architecture: Mapping[str, Any]) -> _ECGModel:
 
 def save_ecg_model(model: _ECGModel, path: str | Path) -> None:
     """Weights to ``path`` (.safetensors) and the architecture to the ``.json`` beside it (merge adapters first)."""
-    adapted = list(lora_layers(model)) + [n for n, m in model.named_modules() if parametrize.is_parametrized(m)]
+    adapted = [n for n, m in model.named_modules() if parametrize.is_parametrized(m)]  # (LoRA layers: save_model)
     if adapted:
         raise UserError(
             f"this ECG model carries adapters ({', '.join(adapted[:3])}); merge them first "

@@ -55,7 +55,6 @@ import torch
 from braindecode.models import EEGNet, Labram, ShallowFBCSPNet
 from braindecode.models.labram import LABRAM_CHANNEL_ORDER, _Attention
 from torch import nn
-from workbench.adaptation.lora import lora_layers
 
 from workbench.checkpoint import check_architecture, load_model, load_tensors, save_model
 from workbench.errors import UserError
@@ -274,7 +273,7 @@ class LabramClassifier(nn.Module):
         return ModelSpec(
             family="labram",
             head="labram.final_layer",
-            lora_target_groups=dict(LABRAM_TARGET_GROUPS),
+            adapter_target_groups=dict(LABRAM_TARGET_GROUPS),
             embedding="features",
             signal=SignalSpec(
                 a["n_chans"], a["n_outputs"], a["n_times"], a["sfreq"], tuple({"ch_name": n} for n in a["ch_names"])
@@ -386,13 +385,8 @@ def build_eeg_model(architecture: Mapping[str, Any]) -> nn.Module:
 
 
 def save_eeg_model(model: nn.Module, path: str | Path) -> None:
-    """Weights to ``path`` (.safetensors) and the architecture to the ``.json`` beside it (merge adapters first)."""
-    adapted = list(lora_layers(model))  # (EEGNet's own max-norm parametrizations are part of the model)
-    if adapted:
-        raise UserError(
-            f"this EEG model carries adapters ({', '.join(adapted[:3])}); merge them first "
-            "(workbench.adaptation.lora.merge) and save the result"
-        )
+    """Weights to ``path`` (.safetensors) and the architecture to the ``.json`` beside it (merge adapters first;
+    EEGNet's own max-norm parametrizations are part of the model)."""
     save_model(model, path, model.architecture["kind"])
 
 

@@ -319,7 +319,7 @@ class MedVL(nn.Module):
     def workbench_spec(self) -> ModelSpec:
         """Head ``lm.lm_head``; LoRA target groups ``language`` (the 7 linears of each Llama layer), ``vision``
         (the ViT's attention and MLP linears), ``projectors``; no embedding hook."""
-        return ModelSpec(family="medvl", head="lm.lm_head", lora_target_groups=dict(MEDVL_TARGET_GROUPS))
+        return ModelSpec(family="medvl", head="lm.lm_head", adapter_target_groups=dict(MEDVL_TARGET_GROUPS))
 
     def get_input_embeddings(self) -> nn.Embedding:
         """The language model's token embeddings (vocab, lm_hidden); the image-token rows are the last K + 2."""

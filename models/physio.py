@@ -176,7 +176,7 @@ class PatchGPT(nn.Module):
         return ModelSpec(
             family="patch-gpt",
             head="head",
-            lora_target_groups=dict(PATCH_GPT_TARGET_GROUPS),
+            adapter_target_groups=dict(PATCH_GPT_TARGET_GROUPS),
             embedding="features",
             signal=SignalSpec(1, a["n_outputs"], a["n_times"], a["sfreq"], None),
         )

@@ -98,7 +98,7 @@ def test_models_declare_groups_head_embedding_and_signal():
     assert (spec.family, spec.head, spec.embedding) == ("ecg", "classifier", "features")
     assert spec.signal.n_chans == 3 and spec.signal.n_outputs == 5 and spec.signal.n_times == 64
     assert [c["ch_name"] for c in spec.signal.chs_info] == ["I", "II", "V2"] and spec.signal.sfreq == 100.0
-    assert "head" not in student.workbench_spec.lora_target_groups  # the student has no head_hidden
+    assert "head" not in student.workbench_spec.adapter_target_groups  # the student has no head_hidden
     assert student.workbench_spec.signal.n_outputs == 4
     ecg, _ = tiny_batch(n=2)
     for model in (teacher, student):  # the head reads what the embedding hook gives

@@ -56,7 +56,7 @@ def test_forward_shapes_and_signal_spec(family, names, sfreq, n_times):
     assert spec.family == family
     assert spec.signal == SignalSpec(len(names), 4, n_times, sfreq, tuple({"ch_name": n} for n in names))
     assert isinstance(model.get_submodule(spec.head), nn.Module)
-    assert bool(spec.lora_target_groups) == (family == "labram")
+    assert bool(spec.adapter_target_groups) == (family == "labram")
     # batch norms track their statistics fast enough for small EEG sets (braindecode's EEGNet default is 0.01)
     assert all(m.momentum == 0.1 for m in model.modules() if isinstance(m, nn.BatchNorm2d))
 

@@ -28,7 +28,7 @@ def tiny_llama(seed: int = 0) -> nn.Module:
         num_key_value_heads=2, max_position_embeddings=32, tie_word_embeddings=False,
     )  # fmt: skip
     model = transformers.LlamaForCausalLM(config).double().eval()
-    model.workbench_spec = ModelSpec(family="test", head="lm_head", lora_target_groups={"language": LANGUAGE})
+    model.workbench_spec = ModelSpec(family="test", head="lm_head", adapter_target_groups={"language": LANGUAGE})
     return model
 
 

@@ -28,7 +28,7 @@ def test_shapes_spec_and_sizes():
     torch.testing.assert_close(model(x[:, None]), model(x))  # (batch, 1, n_times) too
     spec = model.workbench_spec
     assert spec.family == "patch-gpt" and spec.head == "head" and spec.signal.n_times == 175
-    assert set(spec.lora_target_groups) == {"qkv", "attn_out", "mlp"}
+    assert set(spec.adapter_target_groups) == {"qkv", "attn_out", "mlp"}
     assert model.hidden(torch.randn(2, 25 * 10)).shape == (2, 10, 64)  # longer series: for pretraining
     with pytest.raises(UserError, match="whole number"):
         small(patch_size=30)

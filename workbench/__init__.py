@@ -10,8 +10,6 @@ import warnings
 # Some model libraries trip a TorchScript annotation warning on every import: pure noise.
 warnings.filterwarnings("ignore", message="The TorchScript type system", category=UserWarning)
 
-import workbench.models  # noqa: E402, F401  (first: it makes third-party model libraries import safely)
-
 __version__ = "0.1.0"
 
 from workbench.run import Run, adapt, evaluate, predict  # noqa: E402

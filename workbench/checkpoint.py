@@ -187,7 +187,15 @@ def saved_model_files(path: str | Path) -> list[Path]:
 
 def save_model(model: torch.nn.Module, path: str | Path, kind: str) -> None:
     """Weights to ``path`` (.safetensors, metadata ``model: kind``) and ``model.architecture`` to the ``.json``
-    beside it: what `load_model` needs to rebuild the model without a pickle."""
+    beside it: what `load_model` needs to rebuild the model without a pickle. A model that carries adapters
+    (modules wrapping a ``base_layer``, the convention every adapter layer here follows) is a `UserError`: its
+    architecture does not describe them."""
+    adapted = [name for name, module in model.named_modules() if hasattr(module, "base_layer")]
+    if adapted:
+        raise UserError(
+            f"this {kind} model carries adapters ({', '.join(adapted[:3])}); merge them first (the adapting method's "
+            "merge) and save the result"
+        )
     path = Path(path)
     save_tensors(path, {k: v.detach().cpu() for k, v in model.state_dict().items()}, metadata={"model": kind})
     write_json(path.with_suffix(".json"), model.architecture)

@@ -10,8 +10,8 @@ A method hooks into the run at these points, in this order:
   unlabelled target samples);
 - ``plan(task, model, data, inputs)``: the training plan, a list of `Stage` run in order, each a whole trainer run
   with its own trainable parameters, samples, settings, loss and optional gradient function and epoch hook. One
-  stage (the default) is ordinary training; several are staged training (HealthGPT's alignment, embedding and
-  adapter stages); none is a method that adapts without training (PhysioPFM generates its weights in ``setup``).
+  stage (the default) is ordinary training; several are staged training (alignment, embedding and adapter stages,
+  say); none is a method that adapts without training (one that generates its weights in ``setup``).
   `PlanInputs` carries the run's training settings, the folder where the run's chosen method writes what it makes
   besides the adapter, and the run's chosen adapted model for methods that learn from it (distillation);
 - ``loss(task, model, batch, training)``: the objective the default plan trains (the task's loss unless the method
@@ -19,7 +19,7 @@ A method hooks into the run at these points, in this order:
 - ``diagnostics(task, model, data)``: extra numbers for ``metrics.json`` after training;
 - ``merge(model)``: fold adapters into plain weights at the end.
 
-A stage's ``gradients(model, batch, step)``, for methods that replace backprop (H-Tuning's zeroth/first-order mix),
+A stage's ``gradients(model, batch, step)``, for methods that replace backprop (a zeroth/first-order mix, say),
 fills every trainable ``.grad`` and returns the detached batch loss (None lets the trainer call
 ``loss(...).backward()``). ``step`` is the global training step (0, 1, ..., the same after a resume), so a method
 seeds its randomness with ``seed * 1_000_003 + step`` and a resumed run draws what an uninterrupted one would.
@@ -100,11 +100,13 @@ class Method:
     progress: bool = True
     #: The model families (`workbench.model.ModelSpec.family`) the method can adapt; empty for any.
     model_families: ClassVar[tuple[str, ...]] = ()
-    #: What the model must declare (`workbench.model.NEEDS`: ``head``, ``lora_target_groups``, ``embedding``,
+    #: What the model must declare (`workbench.model.NEEDS`: ``head``, ``adapter_target_groups``, ``embedding``,
     #: ``signal``).
     needs_model: ClassVar[tuple[str, ...]] = ()
-    #: What the task must offer (`workbench.task.CAPABILITIES`, e.g. ``sample_ids``, ``target_pool``).
-    needs_task: ClassVar[tuple[str, ...]] = ()
+    #: What the task must offer: names of `workbench.task.CAPABILITIES` (``sample_ids``, ``target_pool``, ...), and
+    #: ``typing.Protocol`` classes (``runtime_checkable``) that the method defines in its own module for what only
+    #: it needs (the first line of the protocol's docstring says what, for the refusal).
+    needs_task: ClassVar[tuple[Any, ...]] = ()
 
     def __init__(self, **options: Any):
         self.config = resolve_options(f"method '{self.name}'", self.options, options)
@@ -117,12 +119,16 @@ class Method:
         """Refuse a task, data or model this method cannot work with — called before the run directory appears."""
         if self.model_families or self.needs_model:
             require(model, self.name, *self.needs_model, families=self.model_families)
-        missing = [need for need in self.needs_task if need not in task.capabilities]
+        missing = [need for need in self.needs_task if isinstance(need, str) and need not in task.capabilities]
         if missing:
             raise UserError(
                 f"method '{self.name}' needs a task that offers {', '.join(missing)}; task '{task.name}' offers "
                 f"{', '.join(sorted(task.capabilities)) or 'none of these'}"
             )
+        for need in self.needs_task:
+            if not isinstance(need, str) and not isinstance(task, need):
+                what = (need.__doc__ or need.__name__).strip().splitlines()[0]
+                raise UserError(f"method '{self.name}' needs {what[0].lower() + what[1:]} (task '{task.name}' is not)")
         if "target_pool" in self.needs_task and not data.target:
             raise UserError(f"method '{self.name}' needs unlabelled target samples; task '{task.name}' has none here")
 

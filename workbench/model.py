@@ -8,8 +8,8 @@ the run directory appears.
 
 Example::
 
-    >>> spec = require(model, "lora", "lora_target_groups")                # doctest: +SKIP
-    >>> spec.lora_target_groups                                            # doctest: +SKIP
+    >>> spec = require(model, "METHOD", "adapter_target_groups")          # doctest: +SKIP
+    >>> spec.adapter_target_groups                                        # doctest: +SKIP
     {'conv': ('stem.*',), 'attention': ('layers.*.attention.*',), ...}
 """
 
@@ -26,7 +26,8 @@ from workbench.errors import UserError
 
 @dataclass(frozen=True)
 class SignalSpec:
-    """braindecode's vocabulary for a model of sampled signals.
+    """A model of sampled signals, in the vocabulary signal-model libraries share (``n_chans``, ``n_outputs``,
+    ``n_times``, ``sfreq``).
 
     Args:
         n_chans: input channels (sensors, electrodes).
@@ -50,16 +51,16 @@ class ModelSpec:
     Args:
         family: the registered model family that built it (`workbench list` shows them).
         head: module name of the output head (a classifier or the readouts) — trained in full by head-tuning and
-            LoRA methods that ask for it.
-        lora_target_groups: named groups of fnmatch patterns over module names (``{"qkv": ("blocks.*.attn.qkv",)}``)
-            that LoRA-style methods adapt; empty when the model offers none.
+            the adapter methods that ask for it.
+        adapter_target_groups: named groups of fnmatch patterns over module names (``{"qkv":
+            ("blocks.*.attn.qkv",)}``) that low-rank adapter methods adapt; empty when the model offers none.
         embedding: name of a model method ``inputs -> features (batch, d)`` (what the head reads).
         signal: `SignalSpec` for models of sampled signals.
     """
 
     family: str
     head: str | None = None
-    lora_target_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    adapter_target_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     embedding: str | None = None
     signal: SignalSpec | None = None
 
@@ -67,7 +68,7 @@ class ModelSpec:
 #: What a method may ask a model for (`require`), with the words used in messages.
 NEEDS = {
     "head": "an output head",
-    "lora_target_groups": "LoRA target groups",
+    "adapter_target_groups": "adapter target groups",
     "embedding": "an embedding hook",
     "signal": "signal shape information (n_chans, n_outputs, n_times, sfreq, chs_info)",
 }

@@ -32,9 +32,6 @@ CAPABILITIES = {
     "class_labels": "class labels of a batch (`Task.batch_labels`)",
     "embed": "features and class logits of a batch (`Task.embed`)",
     "target_pool": "unlabelled target samples (`TaskData.target`)",
-    "lora_bank": "a bank of LoRA adaptations of the default model to source sub-tasks (`Task.lora_bank`)",
-    "task_types": "the sub-task of each sample (e.g. closed VQA, reconstruction) for methods whose stages train on "
-    "some of them (`Task.sample_tasks`)",
     "predict": "batch prediction of a folder of inputs (`Task.predict_folder`, ``workbench predict``)",
 }
 
@@ -246,14 +243,6 @@ class Task:
     def sample_inputs(self, samples: Sequence[Any]) -> np.ndarray:
         """Input vectors (n, d) of samples, for density-ratio estimation in input space."""
         raise UserError(f"task '{self.name}' has no input vectors: density-ratio weighting does not fit it")
-
-    def sample_tasks(self, samples: Sequence[Any]) -> list[str]:
-        """The sub-task (task type) of each sample, e.g. ``"vqa-closed"``, ``"reconstruct"``."""
-        raise UserError(f"task '{self.name}' has no sub-tasks")
-
-    def lora_bank(self) -> Path:
-        """The task's bank of LoRA adaptations fitted on source sub-tasks (for weight-generating methods)."""
-        raise UserError(f"task '{self.name}' has no bank of LoRA adaptations")
 
     # -- batch prediction (``workbench predict``) ---------------------------------------------------
     def predict_folder(self, model: nn.Module, folder: Path, state: Mapping[str, Any]) -> "Predictions":

@@ -110,7 +110,7 @@ def attach(model: nn.Module, n_classes: int, method: str = "physiopfm") -> nn.Mo
     Raises:
         UserError: the model has no linear head, or its head has another class count than ``n_classes``.
     """
-    head_name = require(model, method, "head", "lora_target_groups").head
+    head_name = require(model, method, "head", "adapter_target_groups").head
     head = model.get_submodule(head_name)
     if not isinstance(head, nn.Linear):
         raise UserError(f"method '{method}' replaces a linear head with its ETF head; '{head_name}' is a {type(head)}")

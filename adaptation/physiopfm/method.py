@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -62,13 +62,21 @@ log = logging.getLogger(__name__)
 GENERATORS = ("diffusion", "regressor")
 
 
+@runtime_checkable
+class LoraBank(Protocol):
+    """A task that ships a bank of LoRA adaptations of its default model to source sub-tasks."""
+
+    def lora_bank(self) -> Path:
+        """The bank file (`workbench.adaptation.physiopfm.bank`)."""
+
+
 class _BankMethod(Method):
     """What every PhysioPFM variant shares: the ETF head and the bank's LoRA on the model, the bank, the site's
     descriptor. Subclasses choose the factors (`choose_factors`)."""
 
     model_families = ()
-    needs_model = ("head", "lora_target_groups")
-    needs_task = ("sample_inputs", "class_labels", "lora_bank")
+    needs_model = ("head", "adapter_target_groups")
+    needs_task = ("sample_inputs", "class_labels", LoraBank)
     options = (
         Option("bank", str, "", "a bank file (default: the task's shipped bank)"),
         Option("bank_sites", str, "", "comma-separated bank sites to use (default: every site but the target's)"),
@@ -310,7 +318,7 @@ class LocalEtfLoRA(_BankMethod):
     name = "physiopfm-local"
     description = "PhysioPFM's upper bound: the same rank-4 LoRA and ETF head trained by backprop at the site"
     learning_rate = 5e-3
-    needs_task = ("class_labels", "lora_bank")  # measured where PhysioPFM is: tasks with a bank
+    needs_task = ("class_labels", LoraBank)  # measured where PhysioPFM is: tasks with a bank
     options = ()
 
     def check(self, task: "Task", data: "TaskData", model: nn.Module) -> None:

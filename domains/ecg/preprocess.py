@@ -39,8 +39,8 @@ from workbench.domains.signal import (
 
 from workbench.errors import UserError
 
-#: The standard 12 leads in the order every reader returns them (PTB-XL's and CinC 2021's order).
-LEADS: tuple[str, ...] = ("I", "II", "III", "aVR", "aVL", "aVF", "V1", "V2", "V3", "V4", "V5", "V6")
+# The standard 12 leads in the order every reader returns them (PTB-XL's and CinC 2021's order): the models' order.
+from workbench.models.ecg import LEADS  # noqa: E402
 
 
 @dataclass(frozen=True)

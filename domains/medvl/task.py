@@ -147,7 +147,6 @@ class MedVLTask(Task):
     extra = "medvl"
     default_model = "medvl"
     default_method = "hlora"
-    capabilities = frozenset({"task_types"})
     baselines = ()
     metrics = ("closed_accuracy", "open_recall", "report_f1", "ssim", "psnr_db")
     metrics_note = (

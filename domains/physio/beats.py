@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-from workbench.domains.ecg.readers import read_raw_record
+from workbench.domains.ecg import read_raw_record
 
 from workbench.errors import UserError
 from workbench.records import BadRecordError, SkipReport

@@ -9,7 +9,7 @@
   than the embedded set's 2026), 4 sites × 6 subjects × 2 min, resampled to 250 Hz (polyphase);
 - neurokit2 0.2.13: ECG (ECGSYN, 50–110 bpm), PPG (50–110 bpm), respiration (8–22 breaths/min), EDA (1–6 skin
   conductance responses a minute), 8 recordings of 60 s each;
-- EEG: the Fpz-Cz and Pz-Oz channels of 4 synthetic nights (`workbench.domains.eeg.generate.simulate_night`),
+- EEG: the Fpz-Cz and Pz-Oz channels of 4 synthetic nights (`workbench.domains.eeg.simulate_night`),
   100 Hz resampled to 250 Hz, at most 400 segments.
 
 Objective: causal next-patch prediction, as a GPT is pretrained on text: a linear decoder maps the backbone's
@@ -58,7 +58,7 @@ def _segments(series: np.ndarray, fs_hz: float, segment_s: float = SEGMENT_S) ->
 def physio_corpus(seed: int = PRETRAIN_SEED) -> dict[str, np.ndarray]:
     """The corpus of the module docstring: modality -> segments (n, 1000) float32."""
     import neurokit2 as nk
-    from workbench.domains.eeg.generate import PSG_RATE_HZ, draw_sleep_subjects, simulate_night
+    from workbench.domains.eeg import PSG_RATE_HZ, draw_sleep_subjects, simulate_night
     from workbench.domains.physio.generate import SITES, draw_subjects, simulate_record
 
     rng = np.random.default_rng(seed)
