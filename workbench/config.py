@@ -22,6 +22,7 @@ import torch
 from workbench.errors import UserError
 from workbench.options import resolve_options
 from workbench.registry import methods, models, tasks
+from workbench.trainer import TrainSettings
 
 #: ``--precision`` values: "auto" is the task's first (`workbench.task.Task.precisions`).
 PRECISIONS = ("auto", "float64", "float32", "bf16", "fp16")
@@ -180,48 +181,15 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
     if "@" in method:
         raise UserError(f"--method {method}: choose the model with --model; METHOD@MODEL is for --baselines")
     method_cls = methods.get(method)
-    warnings = []
     profile = task_cls.profile(method)
-    baselines = request.baselines
-    texts = profile.get("baselines", task_cls.baselines) if baselines is None else baselines
-    chosen_baselines = tuple(MethodEntry.parse(text) for text in texts)
-    for entry in chosen_baselines:
-        methods.get(entry.method)
-        if entry.model is not None:
-            models.get(entry.model)
-    if MethodEntry(method) in chosen_baselines:
-        warnings.append(f"'{method}' is the chosen method and a baseline: it runs once, as the chosen method")
-        chosen_baselines = tuple(entry for entry in chosen_baselines if entry != MethodEntry(method))
-    defaults = task_cls.defaults
-    epochs = defaults.get("epochs", 40) if request.epochs is None else request.epochs
-    train_size = defaults.get("train_size", 100) if request.train_size is None else request.train_size
-    val_size = defaults.get("val_size", max(10, train_size // 5)) if request.val_size is None else request.val_size
-    batch_size = defaults.get("batch_size", 8) if request.batch_size is None else request.batch_size
-    patience = defaults.get("patience", 15) if request.patience is None else request.patience
-    for flag, value, low in (
-        ("--epochs", epochs, 1),
-        ("--train-size", train_size, 1),
-        ("--val-size", val_size, 1),
-        ("--batch-size", batch_size, 1),
-        ("--patience", patience, 1),
-    ):
-        if value < low:
-            raise UserError(f"{flag} must be at least {low}, got {value}")
-    if batch_size > train_size:
-        raise UserError(f"--batch-size {batch_size} is larger than --train-size {train_size}")
+    baselines, warnings = _baselines(request, task_cls, profile, method)
+    sizes = _sizes(request, task_cls.defaults)
     ema_decay = request.ema_decay
     if not 0 <= ema_decay < 1:
         raise UserError(f"--ema-decay must be in [0, 1) (0 turns averaging off), got {ema_decay}")
-    learning_rate = defaults.get("learning_rate") if request.learning_rate is None else request.learning_rate
+    learning_rate = task_cls.defaults.get("learning_rate") if request.learning_rate is None else request.learning_rate
     if learning_rate is not None and learning_rate <= 0:
         raise UserError(f"--lr must be positive, got {learning_rate}")
-    device = request.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is visible to torch (use --device cpu or auto)")
-    elif device not in ("cpu", "cuda"):
-        raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
     precision = task_cls.precisions[0] if request.precision == "auto" else request.precision
     if precision not in task_cls.precisions:
         raise UserError(
@@ -233,29 +201,73 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
     method_options = {**profile.get("method_options", {}), **dict(request.method_options)}
     method_options = resolve_options(f"method '{method}'", method_cls.options, method_options)
     method_cls(**method_options)  # a method checks its options when built: fail before anything is written
-    out = request.out
-    if out is None:
-        out = f"runs/{domain}-{method}-{(now or datetime.now()).strftime('%Y%m%d-%H%M%S')}"
+    out = request.out or f"runs/{domain}-{method}-{(now or datetime.now()).strftime('%Y%m%d-%H%M%S')}"
     config = RunConfig(
         task=domain,
         method=method,
-        baselines=chosen_baselines,
+        baselines=baselines,
         data=None if request.data is None else str(request.data),
         model=None if request.model is None else str(request.model),
         trust_checkpoint=request.trust_checkpoint,
         out=str(out),
-        epochs=epochs,
-        train_size=train_size,
-        val_size=val_size,
-        batch_size=batch_size,
-        patience=patience,
+        **sizes,
         ema_decay=ema_decay,
         learning_rate=learning_rate,
         seed=request.seed,
-        device=device,
+        device=_device(request.device),
         task_options=task_options,
         method_options=method_options,
         precision=precision,
         threads=request.threads or 0,
     )
     return config, warnings
+
+
+def _baselines(request: RunRequest, task_cls: Any, profile: Mapping[str, Any], method: str) -> tuple[
+    tuple[MethodEntry, ...], list[str]]:  # fmt: skip
+    """The baselines asked for (else the task's for ``method``), each a registered method on a registered model;
+    the chosen method among them is dropped, with a warning."""
+    texts = profile.get("baselines", task_cls.baselines) if request.baselines is None else request.baselines
+    baselines = tuple(MethodEntry.parse(text) for text in texts)
+    for entry in baselines:
+        methods.get(entry.method)
+        if entry.model is not None:
+            models.get(entry.model)
+    if MethodEntry(method) not in baselines:
+        return baselines, []
+    warning = f"'{method}' is the chosen method and a baseline: it runs once, as the chosen method"
+    return tuple(entry for entry in baselines if entry != MethodEntry(method)), [warning]
+
+
+def _sizes(request: RunRequest, defaults: Mapping[str, Any]) -> dict[str, int]:
+    """Epochs, sample counts, batch size and patience: the user's, else the task's, else `TrainSettings`'."""
+
+    def chosen(name: str, fallback: int) -> int:
+        given = getattr(request, name)
+        return defaults.get(name, fallback) if given is None else given
+
+    train_size = chosen("train_size", 100)
+    sizes = {
+        "epochs": chosen("epochs", TrainSettings.epochs),
+        "train_size": train_size,
+        "val_size": chosen("val_size", max(10, train_size // 5)),
+        "batch_size": chosen("batch_size", TrainSettings.batch_size),
+        "patience": chosen("patience", TrainSettings.patience),
+    }
+    for name, value in sizes.items():
+        if value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if sizes["batch_size"] > train_size:
+        raise UserError(f"--batch-size {sizes['batch_size']} is larger than --train-size {train_size}")
+    return sizes
+
+
+def _device(device: str) -> str:
+    """``--device``: "auto" is cuda where torch sees a CUDA device, else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is visible to torch (use --device cpu or auto)")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
+    return device
