@@ -35,8 +35,12 @@ class DataCard:
 
 
 def load_card(name: str) -> DataCard:
-    """The card ``data_cards/<name>.yaml`` shipped with the workbench."""
-    source = resources.files("workbench.data_cards") / f"{name}.yaml"
+    """The card ``data_cards/<name>.yaml`` shipped with the workbench, or the card file ``name`` (a path ending in
+    ``.yaml``: a third-party task ships its card beside its module)."""
+    if name.endswith(".yaml"):
+        source = Path(name)
+    else:
+        source = resources.files("workbench.data_cards") / f"{name}.yaml"
     if not source.is_file():
         raise UserError(f"no data card named '{name}' (looked for {source})")
     content = yaml.safe_load(source.read_text())
