@@ -47,6 +47,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy.signal import butter, find_peaks, resample_poly, sosfilt
@@ -394,85 +395,97 @@ def generate_ptbxl_synthetic(
         overwrite: replace an existing ``out_dir``.
         progress: show a progress bar.
     """
-    import neurokit2 as nk
-    import pandas as pd
-    import wfdb
-
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise UserError(f"{out_dir}: already exists; pass overwrite=True to replace it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
     try:
-        rows = []
-        ecg_id = 0
         jobs = [(site, k) for site in sites for k in range(site.n_records)]
-        for site, k in tqdm(jobs, desc="synthetic ECGs", unit="record", disable=not progress):
-            ecg_id += 1
-            rng = np.random.default_rng(np.random.SeedSequence([seed, site.site, k]))
-            classes = _draw_classes(site, rng)
-            morphology = draw_morphology(classes, rng, site.severity)
-            mean, sd = site.heart_rate_bpm
-            heart_rate = float(np.clip(rng.normal(mean, sd), 45, 130))
-            clean = simulate_clean(morphology, heart_rate, duration_s, int(rng.integers(2**31 - 1)))
-            digital = _digitize(record_acquisition(clean, site, rng), site)
-            suffix, folder = ("lr", "records100") if site.sampling_rate_hz == 100 else ("hr", "records500")
-            relative = f"{folder}/{(ecg_id // 1000) * 1000:05d}/{ecg_id:05d}_{suffix}"
-            (work / relative).parent.mkdir(parents=True, exist_ok=True)
-            wfdb.wrsamp(
-                Path(relative).name,
-                fs=site.sampling_rate_hz,
-                units=["mV"] * 12,
-                sig_name=list(PTBXL_LEAD_NAMES),
-                d_signal=digital,
-                fmt=[site.wfdb_format] * 12,
-                adc_gain=[site.adc_gain] * 12,
-                baseline=[site.adc_baseline] * 12,
-                write_dir=str((work / relative).parent),
-            )
-            rows.append(
-                {
-                    "ecg_id": ecg_id,
-                    "patient_id": float(10000 + ecg_id),
-                    "age": float(rng.integers(20, 90)),
-                    "sex": int(rng.integers(0, 2)),
-                    "site": float(site.site),
-                    "device": site.device,
-                    "scp_codes": repr(morphology.scp_codes),
-                    "heart_rate_bpm": round(heart_rate, 1),
-                    "findings": "; ".join(morphology.findings) or "normal",
-                    "synthetic_classes": "+".join(classes),
-                    "filename_lr": relative if suffix == "lr" else "",
-                    "filename_hr": relative if suffix == "hr" else "",
-                    "_fold_key": (site.site, classes, rng.random()),
-                }
-            )
-        database = pd.DataFrame(rows)
-        database["strat_fold"] = _stratified_folds(database["_fold_key"].tolist())
-        database = database.drop(columns="_fold_key").set_index("ecg_id")
-        columns = ["patient_id", "age", "sex", "site", "device", "scp_codes", "heart_rate_bpm", "findings",
-                   "synthetic_classes", "strat_fold", "filename_lr", "filename_hr"]  # fmt: skip
-        database[columns].to_csv(work / "ptbxl_database.csv")
-        statements = pd.DataFrame.from_dict(
-            SCP_STATEMENTS,
-            orient="index",
-            columns=["description", "diagnostic", "form", "rhythm", "diagnostic_class", "diagnostic_subclass"],
-        )
-        statements.to_csv(work / "scp_statements.csv")
-        recipe = {
-            "generator": "workbench.domains.ecg.generate.generate_ptbxl_synthetic",
-            "seed": seed,
-            "duration_s": duration_s,
-            "neurokit2": nk.__version__,
-            "wfdb": wfdb.__version__,
-            "sites": [asdict(site) for site in sites],
-        }
-        (work / "generator.json").write_text(json.dumps(recipe, indent=2) + "\n")
+        rows = []
+        for ecg_id, (site, k) in enumerate(tqdm(jobs, desc="synthetic ECGs", unit="record", disable=not progress), 1):
+            rows.append(_write_record(work, site, k, ecg_id, seed, duration_s))
+        _write_tables(work, rows, seed, duration_s, sites)
         _move_into_place(work, out_dir)
     finally:
         if work.exists():
             shutil.rmtree(work)
     return out_dir
+
+
+def _write_record(work: Path, site: SiteRecipe, k: int, ecg_id: int, seed: int, duration_s: float) -> dict[str, Any]:
+    """Draw record ``k`` of ``site`` (its own generator, ``SeedSequence([seed, site, k])``), write its WFDB files
+    under ``work`` and return its ``ptbxl_database.csv`` row (plus ``_fold_key``)."""
+    import wfdb
+
+    rng = np.random.default_rng(np.random.SeedSequence([seed, site.site, k]))
+    classes = _draw_classes(site, rng)
+    morphology = draw_morphology(classes, rng, site.severity)
+    mean, sd = site.heart_rate_bpm
+    heart_rate = float(np.clip(rng.normal(mean, sd), 45, 130))
+    clean = simulate_clean(morphology, heart_rate, duration_s, int(rng.integers(2**31 - 1)))
+    digital = _digitize(record_acquisition(clean, site, rng), site)
+    suffix, folder = ("lr", "records100") if site.sampling_rate_hz == 100 else ("hr", "records500")
+    relative = f"{folder}/{(ecg_id // 1000) * 1000:05d}/{ecg_id:05d}_{suffix}"
+    (work / relative).parent.mkdir(parents=True, exist_ok=True)
+    wfdb.wrsamp(
+        Path(relative).name,
+        fs=site.sampling_rate_hz,
+        units=["mV"] * 12,
+        sig_name=list(PTBXL_LEAD_NAMES),
+        d_signal=digital,
+        fmt=[site.wfdb_format] * 12,
+        adc_gain=[site.adc_gain] * 12,
+        baseline=[site.adc_baseline] * 12,
+        write_dir=str((work / relative).parent),
+    )
+    return {
+        "ecg_id": ecg_id,
+        "patient_id": float(10000 + ecg_id),
+        "age": float(rng.integers(20, 90)),
+        "sex": int(rng.integers(0, 2)),
+        "site": float(site.site),
+        "device": site.device,
+        "scp_codes": repr(morphology.scp_codes),
+        "heart_rate_bpm": round(heart_rate, 1),
+        "findings": "; ".join(morphology.findings) or "normal",
+        "synthetic_classes": "+".join(classes),
+        "filename_lr": relative if suffix == "lr" else "",
+        "filename_hr": relative if suffix == "hr" else "",
+        "_fold_key": (site.site, classes, rng.random()),
+    }
+
+
+def _write_tables(
+    work: Path, rows: list[dict[str, Any]], seed: int, duration_s: float, sites: tuple[SiteRecipe, ...]
+) -> None:
+    """Write ``ptbxl_database.csv`` (one row per record, folds assigned), ``scp_statements.csv`` and
+    ``generator.json`` into ``work``."""
+    import neurokit2 as nk
+    import pandas as pd
+    import wfdb
+
+    database = pd.DataFrame(rows)
+    database["strat_fold"] = _stratified_folds(database["_fold_key"].tolist())
+    database = database.drop(columns="_fold_key").set_index("ecg_id")
+    columns = ["patient_id", "age", "sex", "site", "device", "scp_codes", "heart_rate_bpm", "findings",
+               "synthetic_classes", "strat_fold", "filename_lr", "filename_hr"]  # fmt: skip
+    database[columns].to_csv(work / "ptbxl_database.csv")
+    statements = pd.DataFrame.from_dict(
+        SCP_STATEMENTS,
+        orient="index",
+        columns=["description", "diagnostic", "form", "rhythm", "diagnostic_class", "diagnostic_subclass"],
+    )
+    statements.to_csv(work / "scp_statements.csv")
+    recipe = {
+        "generator": "workbench.domains.ecg.generate.generate_ptbxl_synthetic",
+        "seed": seed,
+        "duration_s": duration_s,
+        "neurokit2": nk.__version__,
+        "wfdb": wfdb.__version__,
+        "sites": [asdict(site) for site in sites],
+    }
+    (work / "generator.json").write_text(json.dumps(recipe, indent=2) + "\n")
 
 
 def _stratified_folds(keys: list[tuple]) -> list[int]:

@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -170,16 +171,7 @@ def read_raw_record(
     import wfdb
 
     base = _record_base(path)
-    header_path = base.with_name(base.name + ".hea")
-    if not header_path.is_file():
-        raise BadRecordError(header_path, "header file missing")
-    try:
-        header = wfdb.rdheader(str(base))
-    except Exception as error:  # wfdb raises many kinds for a malformed header
-        raise BadRecordError(header_path, f"unreadable WFDB header ({error})") from None
-    if not hasattr(header, "sig_name") or getattr(header, "seg_name", None):
-        raise BadRecordError(header_path, "a multi-segment record; expected a single-segment 12-lead record")
-    _check_record_line(header_path, header)
+    header_path, header = _read_header(base)
     fs = float(header.fs)
     if expected_rate_hz is not None and not math.isclose(fs, expected_rate_hz, rel_tol=1e-6):
         raise BadRecordError(header_path, f"sampling rate {fs:g} Hz, expected {expected_rate_hz:g} Hz")
@@ -197,48 +189,74 @@ def read_raw_record(
             f"data holds {digital.shape} samples × signals, the header says {(header.sig_len, header.n_sig)}",
         )
     if verify_checksums and record.checksum is not None:
-        for index in columns:
-            stored = record.checksum[index]
-            actual = int(digital[:, index].sum() % 65536)
-            if stored is not None and int(stored) % 65536 != actual:
-                raise BadRecordError(
-                    _data_path(base, record.file_name[index]),
-                    f"checksum of lead {names[index]} is {actual}, the header says {int(stored) % 65536}: "
-                    "header and data do not match (or the data is corrupted)",
-                )
+        _check_checksums(base, record, digital, columns, names)
     signal = np.empty((len(columns), digital.shape[0]), dtype=np.float64)
     for row, index in enumerate(columns):
-        lead = names[index]
-        gain, baseline = float(record.adc_gain[index]), float(record.baseline[index])
-        if not gain > 0:
-            raise BadRecordError(
-                header_path, f"lead {lead}: ADC gain {gain:g} (uncalibrated); expected a positive gain"
-            )
-        units = (record.units[index] or "mV").strip()
-        per_mv = _UNITS_PER_MV.get(units.lower())
-        if per_mv is None:
-            raise BadRecordError(header_path, f"lead {lead}: units {units!r}, expected a voltage (mV, uV or V)")
-        values = digital[:, index].astype(np.float64)
-        missing = _MISSING_VALUE.get(record.fmt[index])
-        if missing is not None:
-            nan = digital[:, index] == missing
-            if nan.any():
-                raise BadRecordError(
-                    _data_path(base, record.file_name[index]),
-                    f"NaN in lead {lead}: {int(nan.sum())} of {len(nan)} samples hold WFDB's missing-sample value "
-                    f"(first at sample {int(np.flatnonzero(nan)[0])})",
-                )
-        signal[row] = (values - baseline) / gain / per_mv
-        if not np.isfinite(signal[row]).all():
-            raise BadRecordError(
-                header_path,
-                f"lead {lead}: ADC gain {gain:g} and baseline {baseline:g} give values that are not finite in mV; "
-                "expected a gain in ADC units per physical unit (such as 200 or 1000 per mV)",
-            )
+        signal[row] = _lead_mv(header_path, base, record, digital, index, names[index])
     flat = [leads[row] for row in range(len(columns)) if np.ptp(signal[row]) == 0]
     if flat:
         raise BadRecordError(header_path, f"flat lead(s) {', '.join(flat)}: constant signal (electrode not connected?)")
     return RawEcg(signal, fs, tuple(leads), tuple(header.comments or ()), str(base))
+
+
+def _read_header(base: Path) -> tuple[Path, Any]:
+    """``(header path, wfdb header)`` of a single-segment record whose record line is checked."""
+    import wfdb
+
+    header_path = base.with_name(base.name + ".hea")
+    if not header_path.is_file():
+        raise BadRecordError(header_path, "header file missing")
+    try:
+        header = wfdb.rdheader(str(base))
+    except Exception as error:  # wfdb raises many kinds for a malformed header
+        raise BadRecordError(header_path, f"unreadable WFDB header ({error})") from None
+    if not hasattr(header, "sig_name") or getattr(header, "seg_name", None):
+        raise BadRecordError(header_path, "a multi-segment record; expected a single-segment 12-lead record")
+    _check_record_line(header_path, header)
+    return header_path, header
+
+
+def _check_checksums(base: Path, record: Any, digital: np.ndarray, columns: list[int], names: list[str]) -> None:
+    """Each wanted column's 16-bit sum against the header's checksum; ``digital`` is (n_samples, n_signals)."""
+    for index in columns:
+        stored = record.checksum[index]
+        actual = int(digital[:, index].sum() % 65536)
+        if stored is not None and int(stored) % 65536 != actual:
+            raise BadRecordError(
+                _data_path(base, record.file_name[index]),
+                f"checksum of lead {names[index]} is {actual}, the header says {int(stored) % 65536}: "
+                "header and data do not match (or the data is corrupted)",
+            )
+
+
+def _lead_mv(header_path: Path, base: Path, record: Any, digital: np.ndarray, index: int, lead: str) -> np.ndarray:
+    """Column ``index`` of ``digital`` (n_samples, n_signals) in mV, (n_samples,) float64, after its gain, units
+    and missing-sample checks."""
+    gain, baseline = float(record.adc_gain[index]), float(record.baseline[index])
+    if not gain > 0:
+        raise BadRecordError(header_path, f"lead {lead}: ADC gain {gain:g} (uncalibrated); expected a positive gain")
+    units = (record.units[index] or "mV").strip()
+    per_mv = _UNITS_PER_MV.get(units.lower())
+    if per_mv is None:
+        raise BadRecordError(header_path, f"lead {lead}: units {units!r}, expected a voltage (mV, uV or V)")
+    values = digital[:, index].astype(np.float64)
+    missing = _MISSING_VALUE.get(record.fmt[index])
+    if missing is not None:
+        nan = digital[:, index] == missing
+        if nan.any():
+            raise BadRecordError(
+                _data_path(base, record.file_name[index]),
+                f"NaN in lead {lead}: {int(nan.sum())} of {len(nan)} samples hold WFDB's missing-sample value "
+                f"(first at sample {int(np.flatnonzero(nan)[0])})",
+            )
+    signal_mv = (values - baseline) / gain / per_mv
+    if not np.isfinite(signal_mv).all():
+        raise BadRecordError(
+            header_path,
+            f"lead {lead}: ADC gain {gain:g} and baseline {baseline:g} give values that are not finite in mV; "
+            "expected a gain in ADC units per physical unit (such as 200 or 1000 per mV)",
+        )
+    return signal_mv
 
 
 def _lead_columns(header_path: Path, names: list[str], leads: Sequence[str]) -> list[int]:
@@ -622,32 +640,11 @@ def read_ptbxl(
     database, statements = read_ptbxl_tables(root)
     if folds is not None:
         database = database[database["strat_fold"].isin(list(folds))]
-    label_lists = ptbxl_superclasses(
-        database["scp_codes"].tolist(), statements, min_likelihood, root / "scp_statements.csv"
-    )
-    has_label = np.array([any(name in classes for name in names) for names in label_lists], dtype=bool)
-    dropped = tuple(str(i) for i in database.index[~has_label]) if unlabelled == "drop" else ()
-    if unlabelled == "drop":
-        database = database[has_label]
-        label_lists = [names for names, keep in zip(label_lists, has_label) if keep]
+    database, label_lists, dropped = _ptbxl_labels(root, database, statements, classes, min_likelihood, unlabelled)
     rates = {key: float(value) for key, value in data_card.content.get("sampling_rates_hz", {}).items()}
-    order = ("filename_hr", "filename_lr")
-    if resolution == "lr" or (resolution == "auto" and (settings.sampling_rate_hz or 500) <= 100):
-        order = ("filename_lr", "filename_hr")
-    if resolution != "auto":
-        order = order[:1]
     collector = _Collector(settings, len(database), on_error, root, allow_outside)
-    table = root / "ptbxl_database.csv"
-    rows = database.itertuples()
-    for position, row in enumerate(tqdm(rows, total=len(database), desc="PTB-XL records", disable=not progress)):
-        column = next((name for name in order if isinstance(getattr(row, name), str) and getattr(row, name)), None)
-        if column is None:
-            problem = f"no record file in {' or '.join(order)}"
-            collector.add(position, root / "ptbxl_database.csv", problem=problem, where=f"ecg_id {row.Index}")
-            continue
-        where = f"ecg_id {row.Index}, {column}"
-        path = confined(getattr(row, column), root, f"{table} ({where})", allow_outside)
-        collector.add(position, path, expected_rate_hz=rates.get(column), where=where)
+    order = _ptbxl_columns(resolution, settings)
+    _read_ptbxl_records(collector, root, database, order, rates, progress, allow_outside)
     kept = collector.kept
     sites = None
     if "site" in database.columns:
@@ -666,6 +663,55 @@ def read_ptbxl(
         unlabelled=dropped,
         source=str(root),
     )
+
+
+def _ptbxl_labels(
+    root: Path, database, statements, classes: Sequence[str], min_likelihood: float, unlabelled: str
+) -> tuple[Any, list[list[str]], tuple[str, ...]]:
+    """``(database, superclasses per row, dropped ecg_ids)``; rows with no class among ``classes`` are dropped
+    when ``unlabelled == "drop"``."""
+    label_lists = ptbxl_superclasses(
+        database["scp_codes"].tolist(), statements, min_likelihood, root / "scp_statements.csv"
+    )
+    has_label = np.array([any(name in classes for name in names) for names in label_lists], dtype=bool)
+    dropped = tuple(str(i) for i in database.index[~has_label]) if unlabelled == "drop" else ()
+    if unlabelled == "drop":
+        database = database[has_label]
+        label_lists = [names for names, keep in zip(label_lists, has_label) if keep]
+    return database, label_lists, dropped
+
+
+def _ptbxl_columns(resolution: str, settings: EcgPreprocessing) -> tuple[str, ...]:
+    """The record columns to try, in order, for `read_ptbxl`'s ``resolution``."""
+    order = ("filename_hr", "filename_lr")
+    if resolution == "lr" or (resolution == "auto" and (settings.sampling_rate_hz or 500) <= 100):
+        order = ("filename_lr", "filename_hr")
+    if resolution != "auto":
+        order = order[:1]
+    return order
+
+
+def _read_ptbxl_records(
+    collector: _Collector,
+    root: Path,
+    database,
+    order: tuple[str, ...],
+    rates: Mapping[str, float],
+    progress: bool,
+    allow_outside: bool,
+) -> None:
+    """Add each row's record (the first non-empty column of ``order``) to ``collector``, in row order."""
+    table = root / "ptbxl_database.csv"
+    rows = database.itertuples()
+    for position, row in enumerate(tqdm(rows, total=len(database), desc="PTB-XL records", disable=not progress)):
+        column = next((name for name in order if isinstance(getattr(row, name), str) and getattr(row, name)), None)
+        if column is None:
+            problem = f"no record file in {' or '.join(order)}"
+            collector.add(position, root / "ptbxl_database.csv", problem=problem, where=f"ecg_id {row.Index}")
+            continue
+        where = f"ecg_id {row.Index}, {column}"
+        path = confined(getattr(row, column), root, f"{table} ({where})", allow_outside)
+        collector.add(position, path, expected_rate_hz=rates.get(column), where=where)
 
 
 def _site_name(value) -> str:
@@ -758,21 +804,63 @@ def read_cinc2021(
     on_error = _on_error(on_error, load_card(card))
     if unlabelled not in UNLABELLED:
         raise UserError(f"unlabelled must be one of {UNLABELLED}, got {unlabelled!r}")
+    label_map = _cinc_label_map(label_map)
+    classes = tuple(classes) if classes is not None else tuple(dict.fromkeys(label_map.values()))
+    root = Path(root)
+    headers = _cinc_headers(root)
+    collector = _Collector(settings, len(headers), on_error, root, allow_outside)
+    names, label_lists, sites, dropped = _read_cinc_records(
+        collector, root, headers, label_map, classes, normal_class, unlabelled, progress
+    )
+    return EcgSet(
+        signals=collector.signals(root),
+        labels=_multi_hot(label_lists, classes),
+        classes=classes,
+        record_ids=np.array(names, dtype=str),
+        sampling_rate_hz=collector.rate(root),
+        lengths=np.array(collector.lengths, dtype=np.int64),
+        folds=None,
+        sites=np.array(sites, dtype=str),
+        leads=settings.leads,
+        skipped=collector.skipped,
+        unlabelled=tuple(dropped),
+        source=str(root),
+    )
+
+
+def _cinc_label_map(label_map: Mapping[str, str] | str | Path | None) -> dict[str, str]:
+    """`read_cinc2021`'s ``label_map`` as a dict of stripped SNOMED CT code → class (default `SNOMED_SUPERCLASSES`)."""
     if label_map is None:
         label_map = SNOMED_SUPERCLASSES
     elif not isinstance(label_map, Mapping):
         label_map = load_label_map(label_map)
-    label_map = {str(code).strip(): str(name) for code, name in label_map.items()}
-    classes = tuple(classes) if classes is not None else tuple(dict.fromkeys(label_map.values()))
-    root = Path(root)
+    return {str(code).strip(): str(name) for code, name in label_map.items()}
+
+
+def _cinc_headers(root: Path) -> list[Path]:
+    """Every ``*.hea`` below ``root`` in sorted path order; a UserError when there is none or no ``root``."""
     if not root.is_dir():
         raise UserError(f"{root}: no such folder; expected CinC 2021 records (<name>.hea + <name>.mat)")
     headers = sorted(root.rglob("*.hea"))
     if not headers:
         raise UserError(f"{root}: no WFDB header (*.hea) found in this folder or below")
+    return headers
+
+
+def _read_cinc_records(
+    collector: _Collector,
+    root: Path,
+    headers: list[Path],
+    label_map: Mapping[str, str],
+    classes: tuple[str, ...],
+    normal_class: str | None,
+    unlabelled: str,
+    progress: bool,
+) -> tuple[list[str], list[list[str]], list[str], list[str]]:
+    """Add each header's record to ``collector``; returns the kept records' names, class lists and sites, and
+    the names of the unlabelled records dropped."""
     import wfdb
 
-    collector = _Collector(settings, len(headers), on_error, root, allow_outside)
     label_lists: list[list[str]] = []
     names: list[str] = []
     sites: list[str] = []
@@ -795,20 +883,7 @@ def read_cinc2021(
             names.append(header.stem)
             label_lists.append(labels)
             sites.append(_cinc_site(root, header))
-    return EcgSet(
-        signals=collector.signals(root),
-        labels=_multi_hot(label_lists, classes),
-        classes=classes,
-        record_ids=np.array(names, dtype=str),
-        sampling_rate_hz=collector.rate(root),
-        lengths=np.array(collector.lengths, dtype=np.int64),
-        folds=None,
-        sites=np.array(sites, dtype=str),
-        leads=settings.leads,
-        skipped=collector.skipped,
-        unlabelled=tuple(dropped),
-        source=str(root),
-    )
+    return names, label_lists, sites, dropped
 
 
 def _cinc_site(root: Path, header: Path) -> str:
