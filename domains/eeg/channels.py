@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -256,13 +256,7 @@ def select_channels(
         return ChannelSelection(ch_names, file_of, interpolated=tuple(missing))
     sfreq = float(raw_or_names.info["sfreq"])
     if native_sfreqs:
-        slow = {name: native_sfreqs[name] for name in found.values() if native_sfreqs.get(name, sfreq) < sfreq}
-        if slow:
-            listed = ", ".join(f"{name!r} at {rate:g} Hz" for name, rate in slow.items())
-            raise UserError(
-                f"{source}: channel(s) {listed} are sampled slower than the other channels ({sfreq:g} Hz) and would "
-                "be upsampled into the input; ask only for channels sampled at the EEG rate"
-            )
+        _refuse_slow_channels(source, sfreq, found.values(), native_sfreqs)
     check_sfreq(source, sfreq, allowed_sfreqs)
     picked = dict(found)
     notes: list[str] = []
@@ -280,11 +274,8 @@ def select_channels(
     raw.reorder_channels(list(ch_names))
     resampled_from = None
     if resample_to is not None and not math.isclose(sfreq, resample_to, rel_tol=1e-9):
-        raw.resample(resample_to, verbose="error")
+        notes.append(_resample(raw, source, sfreq, resample_to))
         resampled_from = sfreq
-        note = f"{source}: resampled from {sfreq:g} Hz to {resample_to:g} Hz"
-        log.info(note)
-        notes.append(note)
     return ChannelSelection(
         ch_names,
         file_of,
@@ -294,6 +285,27 @@ def select_channels(
         raw=raw,
         notes=tuple(notes),
     )
+
+
+def _refuse_slow_channels(
+    source: str, sfreq: float, file_names: Iterable[str], native_sfreqs: Mapping[str, float]
+) -> None:
+    """A `UserError` naming the channels among ``file_names`` whose own rate [Hz] is below the recording's."""
+    slow = {name: native_sfreqs[name] for name in file_names if native_sfreqs.get(name, sfreq) < sfreq}
+    if slow:
+        listed = ", ".join(f"{name!r} at {rate:g} Hz" for name, rate in slow.items())
+        raise UserError(
+            f"{source}: channel(s) {listed} are sampled slower than the other channels ({sfreq:g} Hz) and would "
+            "be upsampled into the input; ask only for channels sampled at the EEG rate"
+        )
+
+
+def _resample(raw, source: str, sfreq: float, resample_to: float) -> str:
+    """Resample ``raw`` in place from ``sfreq`` to ``resample_to`` [Hz] (polyphase, MNE); returns the note it logs."""
+    raw.resample(resample_to, verbose="error")
+    note = f"{source}: resampled from {sfreq:g} Hz to {resample_to:g} Hz"
+    log.info(note)
+    return note
 
 
 def _interpolate(raw, missing: Sequence[str]):

@@ -334,6 +334,35 @@ def simulate_night(subject: SleepSubject, seed: int) -> dict[str, np.ndarray]:
     fs, stages = PSG_RATE_HZ, subject.hypnogram
     scored = ["W" if stage in "?M" else stage for stage in stages]
     n = len(stages) * EPOCH_S * fs
+    eeg = _rhythms(subject, scored, fs, n, rng)
+    transients, eye_times, eye_sizes, eye_excursions = _transients(subject, stages, fs, n, rng)
+    names = ("spindle", "kcomplex", "slow_wave", "sawtooth")
+    for ch in range(2):
+        eeg[ch] += sum(CHANNEL_GAINS[name][ch] * transients[i] for i, name in enumerate(names))
+    position = _smooth_steps(n, fs, eye_times, eye_sizes, tau_s=0.015) + eye_excursions
+    eog = sosfilt(butter(1, 0.16, btype="highpass", fs=fs, output="sos"), position)
+    eog += 0.3 * (transients[1] + transients[2]) + rng.normal(0.0, 2.0, n)
+    movement = _epoch_gain([1.0 if stage == "M" else 0.0 for stage in stages], fs, ramp_s=0.5)
+    if movement.any():
+        artefact = [60.0 * _band(n, fs, 0.5, 3.0, rng) + 15.0 * _band(n, fs, 20.0, 45.0, rng) for _ in range(3)]
+        eeg += movement * np.stack(artefact[:2])
+        eog += movement * artefact[2]
+    eeg += rng.normal(0.0, 0.5, eeg.shape)  # amplifier noise
+
+    seconds = np.arange(len(stages) * EPOCH_S)
+    per_second = np.repeat(list(stages), EPOCH_S)
+    emg = subject.emg_uv * np.array([EMG_STAGE_GAIN[s] for s in per_second]) * rng.lognormal(0, 0.15, len(seconds))
+    breathing = 500.0 * np.sin(2 * np.pi * subject.breathing_hz * seconds + rng.uniform(0, 6.3))
+    asleep = np.cumsum([s not in "W?M" for s in per_second]) / max(1, sum(s not in "W?M" for s in per_second))
+    temperature = subject.temperature_c - 0.3 * asleep + rng.normal(0.0, 0.01, len(seconds))
+    signals = {"EEG Fpz-Cz": eeg[0], "EEG Pz-Oz": eeg[1], "EOG horizontal": eog}
+    signals |= {"Resp oro-nasal": breathing + rng.normal(0.0, 40.0, len(seconds)), "EMG submental": emg}
+    signals |= {"Temp rectal": temperature, "Event marker": np.zeros(len(seconds))}
+    return signals
+
+
+def _rhythms(subject: SleepSubject, scored: Sequence[str], fs: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The two EEG derivations' band rhythms, gained per scored stage, plus pink background: (2, n) [µV]."""
     eeg = np.zeros((2, n))
     amplitudes = {"alpha": subject.alpha_uv, "beta": subject.beta_uv, "theta": subject.theta_uv}
     amplitudes["delta"] = subject.delta_uv
@@ -347,6 +376,14 @@ def simulate_night(subject: SleepSubject, seed: int) -> dict[str, np.ndarray]:
             eeg[ch] += CHANNEL_GAINS[name][ch] * gain * rhythm
     for ch in range(2):
         eeg[ch] += subject.background_uv * _pink(n, fs, subject.background_exponent, rng)
+    return eeg
+
+
+def _transients(
+    subject: SleepSubject, stages: str, fs: float, n: int, rng: np.random.Generator
+) -> tuple[np.ndarray, list[float], list[float], np.ndarray]:
+    """Epoch by epoch: ``transients`` (4, n) [µV] (spindles, K-complexes, slow waves, sawtooth waves), eye movement
+    step times [s] and sizes [µV], and slow eye excursions (n,) [µV]."""
     transients = np.zeros((4, n))  # spindles, K-complexes, slow waves, sawtooth waves (channel gain 1)
     eye_times, eye_sizes, eye_excursions = [], [], np.zeros(n)
     for k, stage in enumerate(stages):
@@ -387,29 +424,7 @@ def simulate_night(subject: SleepSubject, seed: int) -> dict[str, np.ndarray]:
                 size = rng.choice([-1, 1]) * rng.uniform(50.0, 120.0)
                 t0 = start + rng.uniform(0.0, EPOCH_S - duration)
                 _add_at(eye_excursions, int(t0 * fs), size * np.sin(np.pi * t / duration) ** 2)
-    names = ("spindle", "kcomplex", "slow_wave", "sawtooth")
-    for ch in range(2):
-        eeg[ch] += sum(CHANNEL_GAINS[name][ch] * transients[i] for i, name in enumerate(names))
-    position = _smooth_steps(n, fs, eye_times, eye_sizes, tau_s=0.015) + eye_excursions
-    eog = sosfilt(butter(1, 0.16, btype="highpass", fs=fs, output="sos"), position)
-    eog += 0.3 * (transients[1] + transients[2]) + rng.normal(0.0, 2.0, n)
-    movement = _epoch_gain([1.0 if stage == "M" else 0.0 for stage in stages], fs, ramp_s=0.5)
-    if movement.any():
-        artefact = [60.0 * _band(n, fs, 0.5, 3.0, rng) + 15.0 * _band(n, fs, 20.0, 45.0, rng) for _ in range(3)]
-        eeg += movement * np.stack(artefact[:2])
-        eog += movement * artefact[2]
-    eeg += rng.normal(0.0, 0.5, eeg.shape)  # amplifier noise
-
-    seconds = np.arange(len(stages) * EPOCH_S)
-    per_second = np.repeat(list(stages), EPOCH_S)
-    emg = subject.emg_uv * np.array([EMG_STAGE_GAIN[s] for s in per_second]) * rng.lognormal(0, 0.15, len(seconds))
-    breathing = 500.0 * np.sin(2 * np.pi * subject.breathing_hz * seconds + rng.uniform(0, 6.3))
-    asleep = np.cumsum([s not in "W?M" for s in per_second]) / max(1, sum(s not in "W?M" for s in per_second))
-    temperature = subject.temperature_c - 0.3 * asleep + rng.normal(0.0, 0.01, len(seconds))
-    signals = {"EEG Fpz-Cz": eeg[0], "EEG Pz-Oz": eeg[1], "EOG horizontal": eog}
-    signals |= {"Resp oro-nasal": breathing + rng.normal(0.0, 40.0, len(seconds)), "EMG submental": emg}
-    signals |= {"Temp rectal": temperature, "Event marker": np.zeros(len(seconds))}
-    return signals
+    return transients, eye_times, eye_sizes, eye_excursions
 
 
 def _hypnogram_annotations(hypnogram: str):

@@ -397,14 +397,7 @@ def read_eegmmidb(
     on_error = on_error_from_card(on_error, "eegmmidb")
     allowed_sfreqs = allowed_sfreqs_from_card(allowed_sfreqs, "eegmmidb")
     root = Path(root)
-    files = []
-    for path in sorted(root.rglob("*")):
-        match = _EEGMMIDB.match(path.name)
-        run = int(match.group(2)) if match else None
-        if run in EEGMMIDB_RUNS and kind in (EEGMMIDB_RUNS[run][0], "both"):
-            files.append((path, run))
-    if not files:
-        raise UserError(f"{root}: no EEGMMIDB {kind} run (S001/S001R04.edf, ...) found")
+    files = _eegmmidb_runs(root, kind)
     classes = EEGMMIDB_CLASSES + (("rest",) if rest else ())
     collector = Collector(on_error, classes)
     for path, run in files:
@@ -440,3 +433,17 @@ def read_eegmmidb(
                 record=path.stem.upper(),
             )
     return collector.windows(root)
+
+
+def _eegmmidb_runs(root: Path, kind: str) -> list[tuple[Path, int]]:
+    """``(file, run number)`` of each ``SsssRrr.edf`` below ``root`` whose run is of ``kind``, in sorted path order;
+    a UserError when there is none."""
+    files = []
+    for path in sorted(root.rglob("*")):
+        match = _EEGMMIDB.match(path.name)
+        run = int(match.group(2)) if match else None
+        if run in EEGMMIDB_RUNS and kind in (EEGMMIDB_RUNS[run][0], "both"):
+            files.append((path, run))
+    if not files:
+        raise UserError(f"{root}: no EEGMMIDB {kind} run (S001/S001R04.edf, ...) found")
+    return files

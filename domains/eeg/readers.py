@@ -598,19 +598,11 @@ def read_eeg_folder(
     Raises:
         UserError: no recording found, nothing readable, a bad option, or a bad record with ``on_error="raise"``.
     """
-    if not mapping:
-        raise UserError("mapping is empty; give {annotation description: class name}")
-    if unknown not in UNKNOWN:
-        raise UserError(f"unknown must be one of {UNKNOWN}, got {unknown!r}")
-    if not window_s > 0:
-        raise UserError(f"window_s must be positive, got {window_s!r}")
+    _check_folder_options(mapping, unknown, window_s)
     on_error = on_error_from_card(on_error, "eeg-folder")
     allowed_sfreqs = allowed_sfreqs_from_card(allowed_sfreqs, "eeg-folder")
     root = Path(root)
-    suffixes = {suffix.lower() for suffix in extensions}
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix.lower() in suffixes)
-    if not files:
-        raise UserError(f"{root}: no recording found (looked for {', '.join(sorted(suffixes))} files, recursively)")
+    files = _recording_files(root, extensions)
     classes = tuple(dict.fromkeys(mapping.values()))
     label_of = {description: classes.index(name) for description, name in mapping.items()}
     collector = Collector(on_error, classes)
@@ -624,26 +616,8 @@ def read_eeg_folder(
                 resample_to=resample_to,
             )
             annotations = selection.raw.annotations
-            outside = Counter(str(d) for d in annotations.description if d not in label_of)
-            if outside and unknown == "error":
-                listed = ", ".join(f"{d!r} ({n}x)" for d, n in outside.items())
-                raise BadRecordError(
-                    path,
-                    f"annotation(s) {listed} are not in the mapping ({', '.join(map(repr, label_of))}); add them "
-                    'to the mapping or pass unknown="ignore"',
-                )
-            for description, count in outside.items():
-                collector.exclude(f"annotation {description!r} outside the mapping", count)
-            onsets, labels = [], []
-            for onset, duration, description in zip(onsets_s, annotations.duration, annotations.description):
-                if description not in label_of:
-                    continue
-                n = max(int(math.floor(duration / window_s + 1e-9)), 0) if tile else 1
-                if tile and n == 0:
-                    collector.exclude(f"annotation shorter than {window_s:g} s", 1)
-                first = onset if tile else onset + tmin_s
-                onsets.extend(first + window_s * np.arange(n))
-                labels.extend([label_of[description]] * n)
+            _check_mapped(collector, path, annotations.description, label_of, unknown)
+            onsets, labels = _window_onsets(collector, onsets_s, annotations, label_of, tile, window_s, tmin_s)
             subject = subject_of(path) if subject_of else _default_subject(root, path)
             record = str(path.relative_to(root)) if path != root else path.name
             event_windows(
@@ -658,6 +632,65 @@ def read_eeg_folder(
                 record=record,
             )
     return collector.windows(root)
+
+
+def _check_folder_options(mapping: Mapping[str, str], unknown: str, window_s: float) -> None:
+    """`read_eeg_folder`'s options: a non-empty mapping, a known ``unknown`` policy, ``window_s`` > 0 [s]."""
+    if not mapping:
+        raise UserError("mapping is empty; give {annotation description: class name}")
+    if unknown not in UNKNOWN:
+        raise UserError(f"unknown must be one of {UNKNOWN}, got {unknown!r}")
+    if not window_s > 0:
+        raise UserError(f"window_s must be positive, got {window_s!r}")
+
+
+def _recording_files(root: Path, extensions: Sequence[str]) -> list[Path]:
+    """``root`` itself when it is a file, else its recordings (recursively, sorted); a UserError when none."""
+    suffixes = {suffix.lower() for suffix in extensions}
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix.lower() in suffixes)
+    if not files:
+        raise UserError(f"{root}: no recording found (looked for {', '.join(sorted(suffixes))} files, recursively)")
+    return files
+
+
+def _check_mapped(
+    collector: Collector, path: Path, descriptions: Sequence[str], label_of: Mapping[str, int], unknown: str
+) -> None:
+    """Refuse (``unknown="error"``) or count as excluded the annotation descriptions outside ``label_of``."""
+    outside = Counter(str(d) for d in descriptions if d not in label_of)
+    if outside and unknown == "error":
+        listed = ", ".join(f"{d!r} ({n}x)" for d, n in outside.items())
+        raise BadRecordError(
+            path,
+            f"annotation(s) {listed} are not in the mapping ({', '.join(map(repr, label_of))}); add them "
+            'to the mapping or pass unknown="ignore"',
+        )
+    for description, count in outside.items():
+        collector.exclude(f"annotation {description!r} outside the mapping", count)
+
+
+def _window_onsets(
+    collector: Collector,
+    onsets_s: np.ndarray,
+    annotations,
+    label_of: Mapping[str, int],
+    tile: bool,
+    window_s: float,
+    tmin_s: float,
+) -> tuple[list[float], list[int]]:
+    """Window starts [s] and class numbers of the mapped annotations: one per annotation at onset + ``tmin_s``,
+    or (``tile``) as many consecutive ``window_s`` windows as fit in its duration."""
+    onsets, labels = [], []
+    for onset, duration, description in zip(onsets_s, annotations.duration, annotations.description):
+        if description not in label_of:
+            continue
+        n = max(int(math.floor(duration / window_s + 1e-9)), 0) if tile else 1
+        if tile and n == 0:
+            collector.exclude(f"annotation shorter than {window_s:g} s", 1)
+        first = onset if tile else onset + tmin_s
+        onsets.extend(first + window_s * np.arange(n))
+        labels.extend([label_of[description]] * n)
+    return onsets, labels
 
 
 def _default_subject(root: Path, path: Path) -> str:
