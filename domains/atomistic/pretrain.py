@@ -69,16 +69,7 @@ def pretrain(
     n_val = max(1, int(val_fraction * len(graphs)))
     train, val = [graphs[i] for i in order[n_val:]], [graphs[i] for i in order[:n_val]]
 
-    batches = [collate(train[i : i + 50]) for i in range(0, len(train), 50)]
-    atomic_energies = np.array([e0s[z] for z in zs])
-    shift, scale = compute_mean_rms_energy_forces(batches, atomic_energies)
-    hparams = {
-        **FOUNDATION_ARCHITECTURE,
-        "atomic_energies": atomic_energies.tolist(),
-        "avg_num_neighbors": float(compute_avg_num_neighbors(batches)),
-        "atomic_inter_scale": float(np.asarray(scale).reshape(-1)[0]),
-        "atomic_inter_shift": float(np.asarray(shift).reshape(-1)[0]),
-    }
+    hparams = _hyper_parameters(train, e0s, zs)
     torch.manual_seed(seed)
     model = build_mace(hparams).to(device)
     loss_fn = WeightedEnergyForcesLoss(energy_weight=1.0, forces_weight=100.0)
@@ -91,15 +82,7 @@ def pretrain(
     )
     trainer = Trainer(model, loss, collate, train, val, settings, device=device, progress=not quiet, label="pretrain")
     history = trainer.fit()
-    energies, forces = predict(model, val, device=device)
-    de = (energies - np.array([float(g.energy) for g in val])) * 1000
-    df = (np.concatenate(forces) - np.concatenate([g.forces.numpy() for g in val])) * 1000
-    errors = {
-        "val_energy_mae_mev_per_atom": float(np.mean(np.abs(de) / np.array([g.num_nodes for g in val]))),
-        "val_forces_mae_mev_per_a": float(np.abs(df).mean()),
-        "val_frames": len(val),
-        "train_frames": len(train),
-    }
+    errors = _validation_errors(model, val, len(train), device)
     provenance = {
         "corpus": corpus.name,
         "epochs_run": len(history),
@@ -125,3 +108,31 @@ def pretrain(
     save_mace(model.cpu(), hparams, out, provenance)
     log.info("pretrained on %d frames: %s", len(train), errors)
     return errors
+
+
+def _hyper_parameters(train: list, e0s: dict[int, float], zs) -> dict[str, Any]:
+    """`FOUNDATION_ARCHITECTURE` plus what the training graphs give: E0s [eV] in ``zs`` order, the mean number of
+    neighbours, and the interaction energy shift [eV/atom] and scale (RMS force [eV/Å]), MACE's statistics."""
+    batches = [collate(train[i : i + 50]) for i in range(0, len(train), 50)]
+    atomic_energies = np.array([e0s[z] for z in zs])
+    shift, scale = compute_mean_rms_energy_forces(batches, atomic_energies)
+    return {
+        **FOUNDATION_ARCHITECTURE,
+        "atomic_energies": atomic_energies.tolist(),
+        "avg_num_neighbors": float(compute_avg_num_neighbors(batches)),
+        "atomic_inter_scale": float(np.asarray(scale).reshape(-1)[0]),
+        "atomic_inter_shift": float(np.asarray(shift).reshape(-1)[0]),
+    }
+
+
+def _validation_errors(model: torch.nn.Module, val: list, n_train: int, device: str) -> dict[str, Any]:
+    """Energy MAE [meV/atom] and force MAE [meV/Å] of ``model`` on the validation graphs, with both split sizes."""
+    energies, forces = predict(model, val, device=device)
+    de = (energies - np.array([float(g.energy) for g in val])) * 1000
+    df = (np.concatenate(forces) - np.concatenate([g.forces.numpy() for g in val])) * 1000
+    return {
+        "val_energy_mae_mev_per_atom": float(np.mean(np.abs(de) / np.array([g.num_nodes for g in val]))),
+        "val_forces_mae_mev_per_a": float(np.abs(df).mean()),
+        "val_frames": len(val),
+        "train_frames": n_train,
+    }

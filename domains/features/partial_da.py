@@ -90,6 +90,27 @@ def _plane_rotation(dim: int, angle: float, rng: np.random.Generator) -> np.ndar
     return np.eye(dim) + (cos - 1) * (np.outer(u, u) + np.outer(v, v)) + sin * (np.outer(v, u) - np.outer(u, v))
 
 
+def _chosen_classes(target_classes: int | Sequence[int], n_classes: int) -> np.ndarray | None:
+    """The target's classes as an int64 array ``(n_target_classes,)`` when listed, None when only counted
+    (then drawn later); a ValueError when out of range or repeated."""
+    if isinstance(target_classes, (int, np.integer)):
+        if not 1 <= target_classes <= n_classes:
+            raise ValueError(f"target_classes must be between 1 and n_classes={n_classes}, got {target_classes}")
+        return None
+    chosen = np.asarray(target_classes, dtype=np.int64)
+    if (
+        chosen.ndim != 1
+        or chosen.size == 0
+        or len(np.unique(chosen)) != chosen.size
+        or chosen.min() < 0
+        or chosen.max() >= n_classes
+    ):
+        raise ValueError(
+            f"target_classes must be distinct class indices in [0, {n_classes}), got {list(target_classes)}"
+        )
+    return chosen
+
+
 def make_partial_da(
     n_classes: int = 10,
     target_classes: int | Sequence[int] = 5,
@@ -118,22 +139,7 @@ def make_partial_da(
     """
     if n_classes < 2:
         raise ValueError(f"n_classes must be at least 2, got {n_classes}")
-    if isinstance(target_classes, (int, np.integer)):
-        if not 1 <= target_classes <= n_classes:
-            raise ValueError(f"target_classes must be between 1 and n_classes={n_classes}, got {target_classes}")
-        chosen = None
-    else:
-        chosen = np.asarray(target_classes, dtype=np.int64)
-        if (
-            chosen.ndim != 1
-            or chosen.size == 0
-            or len(np.unique(chosen)) != chosen.size
-            or chosen.min() < 0
-            or chosen.max() >= n_classes
-        ):
-            raise ValueError(
-                f"target_classes must be distinct class indices in [0, {n_classes}), got {list(target_classes)}"
-            )
+    chosen = _chosen_classes(target_classes, n_classes)
     n_target_classes = target_classes if chosen is None else chosen.size
     if n_source < n_classes:
         raise ValueError(f"n_source must be at least n_classes={n_classes} (one sample per class), got {n_source}")

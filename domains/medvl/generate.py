@@ -542,14 +542,27 @@ def generate(
     Returns:
         the summary written to ``generator.json`` (seed, versions, parameters, counts per split and task).
     """
-    import PIL
-
     if train_subjects < 1 or test_subjects < 1:
         raise UserError(f"train_subjects and test_subjects must be at least 1, got {train_subjects}, {test_subjects}")
     if size < 32 or size % 2:
         raise UserError(f"size must be even and at least 32 px, got {size}")
     splits = {"train": range(train_subjects), "test": range(train_subjects, train_subjects + test_subjects)}
-    summary: dict[str, Any] = {
+    summary = _summary(seed, size, train_subjects, test_subjects)
+    with atomic_folder(out, overwrite) as work:
+        (work / "images").mkdir()
+        for split, numbers in splits.items():
+            summary["counts"][split] = _write_split(work, split, numbers, seed, size, summary["subjects"])
+        head = json.dumps({k: v for k, v in summary.items() if k != "subjects"}, indent=1)[:-2]
+        subjects = ",\n".join(f"  {json.dumps(subject)}" for subject in summary["subjects"])  # one per line
+        (work / "generator.json").write_text(f'{head},\n "subjects": [\n{subjects}\n ]\n}}\n')
+    return summary
+
+
+def _summary(seed: int, size: int, train_subjects: int, test_subjects: int) -> dict[str, Any]:
+    """`generate`'s summary before any subject is drawn: generator, seed, versions, parameters; empty counts."""
+    import PIL
+
+    return {
         "generator": "workbench.domains.medvl.generate.generate",
         "seed": seed,
         "numpy": np.__version__,
@@ -572,35 +585,35 @@ def generate(
         "counts": {},
         "subjects": [],
     }
-    with atomic_folder(out, overwrite) as work:
-        (work / "images").mkdir()
-        for split, numbers in splits.items():
-            balance, records = _Balance(), []
-            for k in numbers:
-                sid = f"s{k + 1:04d}"
-                anatomy_rng, question_rng = (
-                    np.random.default_rng(np.random.SeedSequence([seed, k, stream])) for stream in range(2)
-                )
-                subject = sample_subject(anatomy_rng, size=size)
-                ct, mr = render(subject, "ct", size), render(subject, "mr", size)  # noise from subject.noise_seed
-                _write_png(work / "images" / f"{sid}_ct.png", ct)
-                _write_png(work / "images" / f"{sid}_mr.png", mr)
-                _write_png(work / "images" / f"{sid}_ct_lowres.png", downsample(ct))
-                modality = MODALITIES[k % 2]
-                records += _records(sid, subject, modality, question_rng, balance)
-                summary["subjects"].append({"subject": sid, "split": split, **subject.to_json()})
-            lines = ",\n".join(json.dumps(record) for record in records)  # one record per line
-            (work / f"{split}.json").write_text(f"[\n{lines}\n]\n")
-            tasks = {task: sum(r["task"] == task for r in records) for task in TASK_TYPES}
-            lesions = [len(r["findings"]["lesions"]) for r in records if r["task"] == "report"]
-            summary["counts"][split] = {
-                "subjects": len(numbers),
-                "records": len(records),
-                "tasks": tasks,
-                "closed_answers": dict(balance.counts),
-                "lesions_per_subject": {_NUMBERS[n]: lesions.count(n) for n in range(4)},
-            }
-        head = json.dumps({k: v for k, v in summary.items() if k != "subjects"}, indent=1)[:-2]
-        subjects = ",\n".join(f"  {json.dumps(subject)}" for subject in summary["subjects"])  # one per line
-        (work / "generator.json").write_text(f'{head},\n "subjects": [\n{subjects}\n ]\n}}\n')
-    return summary
+
+
+def _write_split(
+    work: Path, split: str, numbers: range, seed: int, size: int, subjects: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Draw and write subjects ``numbers`` (images and ``<split>.json``), append each one's recipe to ``subjects``,
+    return the split's counts (subjects, records, tasks, closed answers, lesions per subject)."""
+    balance, records = _Balance(), []
+    for k in numbers:
+        sid = f"s{k + 1:04d}"
+        anatomy_rng, question_rng = (
+            np.random.default_rng(np.random.SeedSequence([seed, k, stream])) for stream in range(2)
+        )
+        subject = sample_subject(anatomy_rng, size=size)
+        ct, mr = render(subject, "ct", size), render(subject, "mr", size)  # noise from subject.noise_seed
+        _write_png(work / "images" / f"{sid}_ct.png", ct)
+        _write_png(work / "images" / f"{sid}_mr.png", mr)
+        _write_png(work / "images" / f"{sid}_ct_lowres.png", downsample(ct))
+        modality = MODALITIES[k % 2]
+        records += _records(sid, subject, modality, question_rng, balance)
+        subjects.append({"subject": sid, "split": split, **subject.to_json()})
+    lines = ",\n".join(json.dumps(record) for record in records)  # one record per line
+    (work / f"{split}.json").write_text(f"[\n{lines}\n]\n")
+    tasks = {task: sum(r["task"] == task for r in records) for task in TASK_TYPES}
+    lesions = [len(r["findings"]["lesions"]) for r in records if r["task"] == "report"]
+    return {
+        "subjects": len(numbers),
+        "records": len(records),
+        "tasks": tasks,
+        "closed_answers": dict(balance.counts),
+        "lesions_per_subject": {_NUMBERS[n]: lesions.count(n) for n in range(4)},
+    }

@@ -290,10 +290,7 @@ def read_beat_folder(
     if not (before_s > 0 and after_s > 0):
         raise UserError(f"the beat window needs before_s > 0 and after_s > 0, got {before_s:g}, {after_s:g}")
     root = Path(root)
-    headers = sorted(root.rglob("*.hea")) if root.is_dir() else []
-    annotated = [h for h in headers if h.with_suffix(f".{extension}").is_file()]
-    if not annotated:
-        raise UserError(f"{root}: no WFDB record with .{extension} beat annotations (x.hea + x.dat + x.{extension})")
+    headers, annotated = _annotated_headers(root, extension)
     skipped, excluded = SkipReport(), Counter()
     parts, rate = [], expected_rate_hz
     for header in tqdm(headers, desc="annotated records", unit="record", disable=not progress):
@@ -303,20 +300,7 @@ def read_beat_folder(
             continue
         skipped.seen += 1
         try:
-            if header not in annotated:
-                raise BadRecordError(
-                    header.with_suffix(f".{extension}"),
-                    f"annotation file missing (the header {header.name} is here; its beats would be in the .{extension})",
-                )
-            one = read_annotated_beats(
-                header, lead=lead, before_s=before_s, after_s=after_s, extension=extension, expected_rate_hz=rate,
-                root=root, allow_outside=allow_outside,
-            )  # fmt: skip
-            if not len(one.labels):
-                raise BadRecordError(
-                    header.with_suffix(f".{extension}"),
-                    f"no beat could be cut from the record ({_counts(one.excluded)})",
-                )
+            one = _beats_of(header, header in annotated, lead, before_s, after_s, extension, rate, root, allow_outside)
         except BadRecordError as error:
             if on_error == "raise":
                 raise
@@ -342,6 +326,44 @@ def read_beat_folder(
         skipped=skipped,
         source=str(root),
     )
+
+
+def _annotated_headers(root: Path, extension: str) -> tuple[list[Path], list[Path]]:
+    """``(every header under root, those with a .{extension} file)``, sorted; a UserError when none has one."""
+    headers = sorted(root.rglob("*.hea")) if root.is_dir() else []
+    annotated = [h for h in headers if h.with_suffix(f".{extension}").is_file()]
+    if not annotated:
+        raise UserError(f"{root}: no WFDB record with .{extension} beat annotations (x.hea + x.dat + x.{extension})")
+    return headers, annotated
+
+
+def _beats_of(
+    header: Path,
+    has_annotations: bool,
+    lead: str,
+    before_s: float,
+    after_s: float,
+    extension: str,
+    rate: float | None,
+    root: Path,
+    allow_outside: bool,
+) -> RecordBeats:
+    """One record's beats (`read_annotated_beats`); a `BadRecordError` when it has no annotation file or no beat."""
+    if not has_annotations:
+        raise BadRecordError(
+            header.with_suffix(f".{extension}"),
+            f"annotation file missing (the header {header.name} is here; its beats would be in the .{extension})",
+        )
+    one = read_annotated_beats(
+        header, lead=lead, before_s=before_s, after_s=after_s, extension=extension, expected_rate_hz=rate,
+        root=root, allow_outside=allow_outside,
+    )  # fmt: skip
+    if not len(one.labels):
+        raise BadRecordError(
+            header.with_suffix(f".{extension}"),
+            f"no beat could be cut from the record ({_counts(one.excluded)})",
+        )
+    return one
 
 
 def _counts(counter: Mapping[str, int]) -> str:
