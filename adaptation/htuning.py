@@ -188,6 +188,56 @@ def mixed_order_gradients(
         and ``projected_gradient`` ``(L+ − L−) / (2 eps)``.
     """
     lora_params, head_params = list(lora_params), list(head_params)
+    features, head = _checked_mixed_order(
+        model, lora_params, head_params, batch_x, eps, bp_batch, c, norm_match, features, head
+    )
+
+    # (1) zeroth order on the full batch: only the scalar (L+ − L−) / (2 eps) is kept.
+    projected, loss_plus, loss_minus = zeroth_order_projection(
+        model, lora_params, loss_fn, batch_x, batch_y, eps=eps, seed=seed, exact_restore=exact_restore, chunk=chunk
+    )
+
+    # (2) first order on the first bp_batch samples, for θ only.
+    with torch.enable_grad():
+        loss_bp = loss_fn(model(batch_x[:bp_batch]), batch_y[:bp_batch])
+        first_order = torch.autograd.grad(loss_bp, lora_params, allow_unused=True)
+    first_order = [torch.zeros_like(p) if g is None else g for p, g in zip(lora_params, first_order)]
+
+    # (3) mix, norm-matched; g_ZO = projected · z, so g_ZO / ‖g_ZO‖ = sign(projected) · z / ‖z‖.
+    _write_mixed_gradients(lora_params, first_order, projected, seed, c, norm_match)
+
+    # (4) exact full-batch head gradient from detached features at θ.
+    with torch.no_grad():
+        head_input = torch.cat([features(batch_x[part]) for part in _chunks(len(batch_x), chunk)])
+    with torch.enable_grad():
+        loss = loss_fn(head(head_input), batch_y)
+        head_gradients = torch.autograd.grad(loss, head_params, allow_unused=True) if head_params else ()
+    for p, g in zip(head_params, head_gradients):
+        p.grad = torch.zeros_like(p) if g is None else g
+
+    return {
+        "loss": loss.item(),
+        "loss_plus": loss_plus,
+        "loss_minus": loss_minus,
+        "loss_bp": loss_bp.item(),
+        "projected_gradient": projected,
+    }
+
+
+def _checked_mixed_order(
+    model: nn.Module,
+    lora_params: list[nn.Parameter],
+    head_params: list[nn.Parameter],
+    batch_x: torch.Tensor,
+    eps: float,
+    bp_batch: int,
+    c: float,
+    norm_match: str,
+    features: Callable[[torch.Tensor], torch.Tensor] | None,
+    head: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
+    """`mixed_order_gradients`' arguments checked; returns ``(features, head)``, by default the model's declared
+    embedding hook and head module."""
     if not lora_params:
         raise UserError("mixed_order_gradients: lora_params is empty; apply LoRA first (lora.apply)")
     if {id(p) for p in lora_params} & {id(p) for p in head_params}:
@@ -206,19 +256,19 @@ def mixed_order_gradients(
         spec = require(model, "htuning", "embedding", "head")
         features = features if features is not None else getattr(model, spec.embedding)
         head = head if head is not None else model.get_submodule(spec.head)
+    return features, head
 
-    # (1) zeroth order on the full batch: only the scalar (L+ − L−) / (2 eps) is kept.
-    projected, loss_plus, loss_minus = zeroth_order_projection(
-        model, lora_params, loss_fn, batch_x, batch_y, eps=eps, seed=seed, exact_restore=exact_restore, chunk=chunk
-    )
 
-    # (2) first order on the first bp_batch samples, for θ only.
-    with torch.enable_grad():
-        loss_bp = loss_fn(model(batch_x[:bp_batch]), batch_y[:bp_batch])
-        first_order = torch.autograd.grad(loss_bp, lora_params, allow_unused=True)
-    first_order = [torch.zeros_like(p) if g is None else g for p, g in zip(lora_params, first_order)]
-
-    # (3) mix, norm-matched; g_ZO = projected · z, so g_ZO / ‖g_ZO‖ = sign(projected) · z / ‖z‖.
+def _write_mixed_gradients(
+    lora_params: list[nn.Parameter],
+    first_order: list[torch.Tensor],
+    projected: float,
+    seed: int,
+    c: float,
+    norm_match: str,
+) -> None:
+    """Writes ``p.grad = c · g_FO + (1 − c) · g_ZO · ‖g_FO‖ / ‖g_ZO‖`` (norms per tensor or of the whole group),
+    ``g_ZO = projected · z(seed)``; ``first_order`` has one tensor per parameter, shaped like it."""
     if norm_match == "global":
         fo_norm = torch.sqrt(sum(g.pow(2).sum() for g in first_order))
         zo_norm = abs(projected) * torch.sqrt(sum(z.pow(2).sum() for z in _z(lora_params, seed)))
@@ -228,23 +278,6 @@ def mixed_order_gradients(
             fo_norm, zo_norm = torch.linalg.vector_norm(g_fo), torch.linalg.vector_norm(g_zo)
         zo_term = g_zo * (fo_norm / zo_norm) if zo_norm > 0 else torch.zeros_like(g_zo)
         p.grad = c * g_fo + (1.0 - c) * zo_term if c < 1.0 else g_fo.clone()
-
-    # (4) exact full-batch head gradient from detached features at θ.
-    with torch.no_grad():
-        head_input = torch.cat([features(batch_x[part]) for part in _chunks(len(batch_x), chunk)])
-    with torch.enable_grad():
-        loss = loss_fn(head(head_input), batch_y)
-        head_gradients = torch.autograd.grad(loss, head_params, allow_unused=True) if head_params else ()
-    for p, g in zip(head_params, head_gradients):
-        p.grad = torch.zeros_like(p) if g is None else g
-
-    return {
-        "loss": loss.item(),
-        "loss_plus": loss_plus,
-        "loss_minus": loss_minus,
-        "loss_bp": loss_bp.item(),
-        "projected_gradient": projected,
-    }
 
 
 def split_parameters(model: nn.Module, head: str | None = None) -> tuple[list, list]:

@@ -385,6 +385,38 @@ def source_weights(
         source_features ``(n_s, d)``, target_features ``(n_t, d)``, source_labels ``(n_s,)`` int,
         target_probs ``(n_t, n_classes)`` -> ``(n_s,)``.
     """
+    source_features, target_features, source_labels = _checked_inputs(
+        source_features, target_features, source_labels, feature_weight, label_weight, prob_floor
+    )
+    n_s, n_t = source_features.shape[0], target_features.shape[0]
+    dtype = source_features.dtype
+    with torch.no_grad():
+        cost = _joint_cost(
+            source_features,
+            target_features,
+            source_labels,
+            target_probs,
+            feature_weight,
+            label_weight,
+            normalize_features,
+            prob_floor,
+        )
+        uniform_s = torch.full((n_s,), 1.0 / n_s, dtype=dtype, device=cost.device)
+        uniform_t = torch.full((n_t,), 1.0 / n_t, dtype=dtype, device=cost.device)
+        plan = partial_plan(cost, uniform_s, uniform_t, mass, reg, max_iter=max_iter, tol=tol)
+        return plan.sum(dim=1) * (n_s / plan.sum())  # Σ π = m up to rounding; this makes the mean 1 exactly
+
+
+def _checked_inputs(
+    source_features: torch.Tensor,
+    target_features: torch.Tensor,
+    source_labels: torch.Tensor,
+    feature_weight: float,
+    label_weight: float,
+    prob_floor: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`source_weights`' inputs checked; returns the features ``(n_s, d)``, ``(n_t, d)`` detached in one float
+    dtype and the labels ``(n_s,)``."""
     source_features = torch.as_tensor(source_features)
     target_features = torch.as_tensor(target_features, device=source_features.device)
     if source_features.dim() != 2 or target_features.dim() != 2 or source_features.shape[1] != target_features.shape[1]:
@@ -410,32 +442,43 @@ def source_weights(
         raise ValueError(f"feature_weight and label_weight must be >= 0, got {feature_weight!r} and {label_weight!r}")
     if not 0 < prob_floor < 1:
         raise ValueError(f"prob_floor must be in (0, 1), got {prob_floor!r}")
+    return source_features, target_features, source_labels
 
-    with torch.no_grad():
-        distance = torch.cdist(source_features, target_features).square_()
-        if normalize_features:
-            scale = distance.mean()
-            if scale > 0:
-                distance = distance / scale
-        cost = feature_weight * distance
-        if target_probs is not None:
-            probs = torch.as_tensor(target_probs, device=source_features.device).detach().to(dtype)
-            if probs.dim() != 2 or probs.shape[0] != n_t:
-                raise ValueError(f"target_probs must have shape ({n_t}, n_classes), got {tuple(probs.shape)}")
-            if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
-                raise ValueError("target_probs has negative or non-finite entries; expected class probabilities")
-            n_classes = probs.shape[1]
-            if bool(((source_labels < 0) | (source_labels >= n_classes)).any()):
-                raise ValueError(
-                    f"source_labels must be in [0, {n_classes}) (the columns of target_probs), got values in "
-                    f"[{int(source_labels.min())}, {int(source_labels.max())}]"
-                )
-            label_cost = -probs.clamp_min(prob_floor).log()  # (n_t, n_classes)
-            cost = cost + label_weight * label_cost[:, source_labels.long()].T
-        uniform_s = torch.full((n_s,), 1.0 / n_s, dtype=dtype, device=cost.device)
-        uniform_t = torch.full((n_t,), 1.0 / n_t, dtype=dtype, device=cost.device)
-        plan = partial_plan(cost, uniform_s, uniform_t, mass, reg, max_iter=max_iter, tol=tol)
-        return plan.sum(dim=1) * (n_s / plan.sum())  # Σ π = m up to rounding; this makes the mean 1 exactly
+
+def _joint_cost(
+    source_features: torch.Tensor,
+    target_features: torch.Tensor,
+    source_labels: torch.Tensor,
+    target_probs: torch.Tensor | None,
+    feature_weight: float,
+    label_weight: float,
+    normalize_features: bool,
+    prob_floor: float,
+) -> torch.Tensor:
+    """`source_weights`' cost ``C`` ``(n_s, n_t)``: scaled squared feature distance plus the label term; no gradient."""
+    n_t = target_features.shape[0]
+    dtype = source_features.dtype
+    distance = torch.cdist(source_features, target_features).square_()
+    if normalize_features:
+        scale = distance.mean()
+        if scale > 0:
+            distance = distance / scale
+    cost = feature_weight * distance
+    if target_probs is not None:
+        probs = torch.as_tensor(target_probs, device=source_features.device).detach().to(dtype)
+        if probs.dim() != 2 or probs.shape[0] != n_t:
+            raise ValueError(f"target_probs must have shape ({n_t}, n_classes), got {tuple(probs.shape)}")
+        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+            raise ValueError("target_probs has negative or non-finite entries; expected class probabilities")
+        n_classes = probs.shape[1]
+        if bool(((source_labels < 0) | (source_labels >= n_classes)).any()):
+            raise ValueError(
+                f"source_labels must be in [0, {n_classes}) (the columns of target_probs), got values in "
+                f"[{int(source_labels.min())}, {int(source_labels.max())}]"
+            )
+        label_cost = -probs.clamp_min(prob_floor).log()  # (n_t, n_classes)
+        cost = cost + label_weight * label_cost[:, source_labels.long()].T
+    return cost
 
 
 def full_mass_epoch(anneal: float, epochs: int) -> int:
