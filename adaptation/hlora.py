@@ -46,13 +46,15 @@ import logging
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
+import torch
 from torch import nn
 from workbench.adaptation.lora import PluginConfig, apply_plugins, save_plugin
 from workbench.adaptation.lora.model import target_names
-from workbench.adaptation.lora.plugins import plugin_names
+from workbench.adaptation.lora.plugins import plugin_names, plugin_parameters, plugin_state
 
+from workbench.checkpoint import check_state_fits
 from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
 from workbench.model import require
@@ -68,13 +70,21 @@ STAGES = ("align", "embed", "adapt")
 ALIGNMENT_TASKS = ("report", "reconstruct")
 
 
-class _HeterogeneousLoRA(Method):
-    """The shared recipe; subclasses set the plug-in ``layout`` and the ``stages``."""
+@runtime_checkable
+class SubTasks(Protocol):
+    """A task that names the sub-task of each sample (closed or open VQA, report, reconstruction)."""
 
-    layout: ClassVar[str] = "hlora"
+    def sample_tasks(self, samples: Sequence[Any]) -> list[str]:
+        """The sub-task of each sample, e.g. ``"vqa-closed"``, ``"reconstruct"``."""
+
+
+class _HeterogeneousLoRA(Method):
+    """The shared recipe; subclasses set the plug-ins' adapter kind ``adapter_kind`` and the ``stages``."""
+
+    adapter_kind: ClassVar[str] = "hlora"
     stage_names: ClassVar[tuple[str, ...]] = STAGES
-    needs_model = ("lora_target_groups", "head")
-    needs_task = ("task_types",)
+    needs_model = ("adapter_target_groups", "head")
+    needs_task = (SubTasks,)
     learning_rate = 1e-3
     options = (
         Option("rank", int, 16, "total rank r of the comprehension plug-in (its experts hold r / k ranks each)"),
@@ -100,14 +110,15 @@ class _HeterogeneousLoRA(Method):
 
     def _plugins(self, kinds: Sequence[str] = PLUGINS) -> dict[str, PluginConfig]:
         """The plug-in of each of ``kinds``."""
-        experts = None if self.layout == "lora" else self.config["experts"]
+        experts = None if self.adapter_kind == "lora" else self.config["experts"]
         ranks = {
             "comprehension": (self.config["rank"], self.config["alpha"]),
             "generation": (self.config["generation_rank"], self.config["generation_alpha"]),
         }
         ranks = {name: ranks[name] for name in PLUGINS if name in kinds}
         try:
-            return {name: PluginConfig(rank, alpha, experts, self.layout) for name, (rank, alpha) in ranks.items()}
+            kind = self.adapter_kind
+            return {name: PluginConfig(rank, alpha, experts, kind) for name, (rank, alpha) in ranks.items()}
         except UserError as error:
             raise UserError(f"method '{self.name}': {error}") from None
 
@@ -147,12 +158,30 @@ class _HeterogeneousLoRA(Method):
         self._groups = {
             "vision": [p for name, m in model.named_modules() if name in vision for p in m.parameters()],
             "embed": [model.get_input_embeddings().weight, model.get_submodule(head).weight],
-            "comprehension": [p for name, p in model.named_parameters() if ".plugins.comprehension." in name],
-            "generation": [p for name, p in model.named_parameters() if ".plugins.generation." in name],
+            **{kind: [] for kind in PLUGINS},
+            **{name: list(plugin_parameters(model, name).values()) for name in plugin_names(model)},
         }
         self._train_only(model, *self._groups)  # every parameter any stage trains (counted, saved)
         self._model = model
         return model
+
+    def _state(self, model: nn.Module) -> dict[str, nn.Parameter]:
+        """The trainable parameters by their names in a run's ``adapter.safetensors`` (the plug-ins' by
+        `workbench.adaptation.lora.plugin_state`, the same names as before plug-ins were named adapters)."""
+        plugins = plugin_state(model)
+        own = {id(p) for p in plugins.values()}
+        rest = {name: p for name, p in model.named_parameters() if id(p) not in own}
+        return {name: p for name, p in {**rest, **plugins}.items() if p.requires_grad}
+
+    def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in self._state(model).items()}
+
+    def load_trainable_state(self, model: nn.Module, state, source: str | Path = "<state>") -> None:
+        params = self._state(model)
+        check_state_fits(params, state, source, f"adapter state does not fit this model and method '{self.name}'")
+        with torch.no_grad():
+            for name, value in state.items():
+                params[name].copy_(value)
 
     def _train_only(self, model: nn.Module, *groups: str) -> None:
         model.requires_grad_(False)
@@ -228,14 +257,14 @@ class HLoRA(_HeterogeneousLoRA):
 class MoELoRA(_HeterogeneousLoRA):
     name = "moelora"
     description = "MoELoRA plug-ins: the same experts as separate LoRAs in a loop, three stages"
-    layout = "moelora"
+    adapter_kind = "moelora"
 
 
 @methods.register
 class HLoRAPlainLoRA(_HeterogeneousLoRA):
     name = "hlora-lora"
     description = "plain LoRA plug-ins of the same total rank as H-LoRA's, three stages"
-    layout = "lora"
+    adapter_kind = "lora"
 
 
 @methods.register

@@ -184,7 +184,8 @@ def test_htuning_prepare_trains_lora_biases_and_classifier():
     model = assert_identity_at_init(tiny_encoder(), htuning.HTuning(), outputs_on(ecg))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert "classifier.weight" in trainable and "layers.0.attention.qkv.base_layer.bias" in trainable
-    assert all(n.endswith((".lora_A.weight", ".lora_B.weight", ".bias")) or n == "classifier.weight" for n in trainable)
+    factors = (".lora_A.default.weight", ".lora_B.default.weight", ".bias")  # PEFT's names: adapter "default"
+    assert all(n.endswith(factors) or n == "classifier.weight" for n in trainable)
     theta, head = htuning.split_parameters(model)
     assert len(head) == 2 and len(theta) + 2 == len(trainable)
     assert head == [model.classifier.weight, model.classifier.bias]

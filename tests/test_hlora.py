@@ -50,7 +50,7 @@ def randomize_b(model: nn.Module, plugin: str | None = None, seed: int = 3) -> N
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if ".lora_B." in name and (plugin is None or f".plugins.{plugin}." in name):
+            if ".lora_B." in name and (plugin is None or f".lora_B.{plugin}." in name):
                 p.copy_(0.3 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
 
 
@@ -66,16 +66,17 @@ def test_hlora_equals_looped_moelora_with_the_same_weights_through_the_vlm():
     base = tiny()
     fused, looped = HLoRA(**SMALL).prepare(copy.deepcopy(base)), MoELoRA(**SMALL).prepare(copy.deepcopy(base))
     randomize_b(fused)
-    loop_layers = lora.plugin_layers(looped)
+    loop_layers = lora.lora_layers(looped)
     with torch.no_grad():
-        for name, layer in lora.plugin_layers(fused).items():
+        for name, ours in lora.lora_layers(fused).items():
+            theirs = loop_layers[name]
             for plugin in ("comprehension", "generation"):
-                ours, theirs = layer.plugins[plugin], loop_layers[name].plugins[plugin]
-                per = ours.config.rank // ours.config.experts
-                theirs.lora_route.weight.copy_(ours.lora_route.weight)
-                for e in range(ours.config.experts):
-                    theirs.lora_A[e].weight.copy_(ours.lora_A.weight[e * per : (e + 1) * per])
-                    theirs.lora_B[e].weight.copy_(ours.lora_B.weight[:, e * per : (e + 1) * per])
+                config = ours.adapters[plugin]
+                per = config.rank // config.experts
+                theirs.lora_route[plugin].weight.copy_(ours.lora_route[plugin].weight)
+                for e in range(config.experts):
+                    theirs.lora_A[plugin][e].weight.copy_(ours.lora_A[plugin].weight[e * per : (e + 1) * per])
+                    theirs.lora_B[plugin][e].weight.copy_(ours.lora_B[plugin].weight[:, e * per : (e + 1) * per])
     for kind in ("comprehension", "generation"):
         a, b = logits(fused, kind), logits(looped, kind)
         assert (a - logits(base, kind)).abs().max() > 1e-3
@@ -111,7 +112,6 @@ class ToyTask:
     """A task of a few comprehension and generation records for the tiny model (the method's side of the contract)."""
 
     name = "toy"
-    capabilities = frozenset({"task_types"})
 
     def __init__(self, model: MedVL):
         self.model = model
@@ -171,8 +171,8 @@ def test_the_three_stages_train_what_they_say(tmp_path):
         seen[stage.name] = changed(model, start)
     assert [h["stage"] for h in history] == ["align", "embed", "adapt"]
     projectors = {n for n in before if n.startswith("projector_")}
-    comprehension = {n for n in before if ".plugins.comprehension." in n}
-    generation = {n for n in before if ".plugins.generation." in n}
+    comprehension = set(lora.plugin_parameters(model, "comprehension"))
+    generation = set(lora.plugin_parameters(model, "generation"))
     embed = {"lm.model.embed_tokens.weight", "lm.lm_head.weight"}
     assert seen["align"] and seen["align"] <= projectors | generation and seen["align"] & generation
     assert not seen["align"] & comprehension  # the generation plug-in's stage: comprehension bit-identical
@@ -180,8 +180,10 @@ def test_the_three_stages_train_what_they_say(tmp_path):
     assert seen["adapt"] & comprehension and seen["adapt"] & generation
     assert seen["adapt"] <= projectors | comprehension | generation
     assert not changed(model, before) & {n for n in before if n.startswith(("vision.", "vq."))}
-    state = method.trainable_state(model)
-    assert set(state) == projectors | comprehension | generation | embed
+    state = method.trainable_state(model)  # the plug-ins under the names runs have always saved them by
+    assert set(state) == projectors | embed | set(lora.plugin_state(model))
+    assert len(lora.plugin_state(model)) == len(comprehension | generation)
+    assert "lm.model.layers.0.self_attn.q_proj.plugins.comprehension.lora_A.weight" in state
     fresh = HLoRA(**SMALL)
     rebuilt = fresh.prepare(tiny())
     fresh.load_trainable_state(rebuilt, state)
@@ -198,7 +200,10 @@ def test_mixed_training_is_one_stage_of_everything_for_three_times_the_epochs(tm
     history = _train(method.plan(task, model, toy_data(model), PlanInputs(settings)), task, model, tmp_path / "m.pt",
                      "cpu", False, "x", False)  # fmt: skip
     assert [h["stage"] for h in history] == ["mixed"] * 3
-    assert {n for n, p in model.named_parameters() if p.requires_grad} == set(method.trainable_state(model))
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    plugins = set(lora.plugin_parameters(model, "comprehension")) | set(lora.plugin_parameters(model, "generation"))
+    state = set(method.trainable_state(model))
+    assert trained - plugins == state - set(lora.plugin_state(model)) and len(trained) == len(state)
 
 
 def test_one_shared_plugin_serves_both_kinds_and_an_unknown_one_is_refused():

@@ -42,7 +42,7 @@ class Small(nn.Module):
     workbench_spec = ModelSpec(
         family="test",
         head="head",
-        lora_target_groups={"conv": ("conv1d", "conv2d"), "attention": ("attention.*",)},
+        adapter_target_groups={"conv": ("conv1d", "conv2d"), "attention": ("attention.*",)},
         embedding="features",
     )
 
@@ -117,8 +117,8 @@ def test_trainable_parameter_count_and_names_match_peft():
     theirs = peft_model(small(), r=4, lora_alpha=8)
     assert trainable(ours) == trainable(theirs) > 0
     ours_names = {n for n, p in ours.named_parameters() if p.requires_grad}
-    theirs_names = {n.replace(".default", "") for n, p in theirs.base_model.model.named_parameters() if p.requires_grad}
-    assert ours_names == theirs_names
+    theirs_names = {n for n, p in theirs.base_model.model.named_parameters() if p.requires_grad}
+    assert ours_names == theirs_names  # PEFT's names, adapter name included (lora_A.default.weight)
     assert "conv1d.base_layer.weight" in dict(ours.named_parameters())
     assert ours.conv2d.lora_A.weight.shape == (4, 1, 3, 3) and ours.conv2d.lora_B.weight.shape == (4, 4, 1, 1)
     assert ours.attention.qkv.lora_B.weight.shape == (18, 4)
@@ -153,7 +153,7 @@ def test_merged_weights_match_peft_and_merge_gives_the_original_classes():
         torch.testing.assert_close(merged.state_dict()[name], value, rtol=0, atol=1e-10)
     assert not torch.equal(merged.conv2d.weight, base.conv2d.weight)
     torch.testing.assert_close(merged(x), expected, rtol=0, atol=1e-12)
-    assert not hasattr(merged, "_lora_config") and not lora.lora_layers(merged)
+    assert not hasattr(merged, "_lora_configs") and not lora.lora_layers(merged)
 
 
 def test_dropout_acts_on_the_adapter_path_only():
@@ -391,7 +391,9 @@ def test_only_adapters_and_train_patterns_train():
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     assert {"head.weight", "head.bias", "norm.bias", "conv1d.base_layer.bias"} <= names
     assert not {n for n in names if n.endswith("base_layer.weight")} and "norm.weight" not in names
-    assert [n for n in lora.adapter_state(model)] == [n for n, p in model.named_parameters() if p.requires_grad]
+    trained = [p for p in model.named_parameters() if p[1].requires_grad]
+    assert [id(p) for p in lora.adapter_state(model).values()] == [id(p) for _, p in trained]
+    assert list(lora.adapter_state(model))[1] == "conv1d.lora_A.weight"  # file names: no adapter name, as PEFT's
     assert lora.peft_config_of(model)[0] is None  # single biases are no PEFT modules_to_save
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
 
@@ -461,7 +463,7 @@ def test_a_target_with_a_foreign_parametrization_runs_but_is_not_merged():
 def test_routed_experts_equal_a_loop_over_moelora_experts():
     torch.manual_seed(0)
     base = nn.Linear(6, 5).double()
-    layer = lora.RoutedLoraLayer(copy.deepcopy(base), rank=8, alpha=16, experts=4)
+    layer = lora.LoraLayer(copy.deepcopy(base), lora.AdapterConfig(rank=8, alpha=16, experts=4))  # kind "hlora"
     randomize([layer.lora_B.weight], seed=5)
     x = torch.randn(3, 7, 6, dtype=torch.float64)  # (batch, tokens, in): token-level routing
     gates = torch.softmax(x @ layer.lora_route.weight.T, dim=-1)  # (3, 7, 4)
@@ -481,7 +483,7 @@ def test_routed_experts_equal_a_loop_over_moelora_experts():
 def test_routed_layers_through_apply():
     x = inputs()
     model = lora.apply(small(), targets=["attention"], rank=4, experts=2)
-    assert all(isinstance(layer, lora.RoutedLoraLayer) for layer in lora.lora_layers(model).values())
+    assert all(layer.adapters["default"].kind == "hlora" for layer in lora.lora_layers(model).values())
     assert torch.equal(model(x), small()(x))  # B = 0
     assert model.attention.qkv.lora_route.weight.shape == (2, 6)
     assert len(lora.adapter_parameters(model)) == 2 * 3  # A, B, router per layer

@@ -1,6 +1,6 @@
-"""LoRA plug-ins chosen by task kind (`workbench.adaptation.lora.plugins`): H-LoRA's fused experts against a loop
-over MoELoRA experts, identity at start, isolation of the plug-ins, strict plug-in files — on a real (tiny)
-transformers LLaMA, in float64."""
+"""LoRA plug-ins chosen by task kind (`workbench.adaptation.lora.plugins`: named adapters of one `LoraLayer`):
+H-LoRA's fused experts against a loop over MoELoRA experts, identity at start, isolation of the plug-ins, strict
+plug-in files — on a real (tiny) transformers LLaMA, in float64."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 from torch import nn
 from workbench.adaptation import lora
-from workbench.adaptation.lora.plugins import FILE_KIND, Plugin
+from workbench.adaptation.lora.plugins import FILE_KIND
 
 from workbench.checkpoint import read_metadata
 from workbench.errors import UserError
@@ -56,18 +56,19 @@ PLUGINS = {
 
 def test_the_language_group_wraps_every_linear_but_the_head():
     model = lora.apply_plugins(tiny_llama(), ["language"], PLUGINS)
-    layers = lora.plugin_layers(model)
+    layers = lora.lora_layers(model)
     assert len(layers) == 2 * 7 and "lm_head" not in layers
+    assert all(list(layer.adapters) == ["comprehension", "generation"] for layer in layers.values())
     assert isinstance(model.lm_head, nn.Linear) and not model.lm_head.weight.requires_grad
     trained = {name for name, p in model.named_parameters() if p.requires_grad}
-    assert trained and all(".plugins." in name for name in trained)
+    assert trained and all(".comprehension." in name or ".generation." in name for name in trained)
 
 
-@pytest.mark.parametrize("layout", ["hlora", "moelora", "lora"])
-def test_every_layout_starts_as_the_base_model(layout):
-    experts = None if layout == "lora" else 2
+@pytest.mark.parametrize("kind", ["hlora", "moelora", "lora"])
+def test_every_kind_starts_as_the_base_model(kind):
+    experts = None if kind == "lora" else 2
     base, ids = tiny_llama(), tokens()
-    model = lora.apply_plugins(copy.deepcopy(base), ["language"], {"p": lora.PluginConfig(4, 8, experts, layout)})
+    model = lora.apply_plugins(copy.deepcopy(base), ["language"], {"p": lora.PluginConfig(4, 8, experts, kind)})
     with lora.active_plugin(model, "p"):
         assert torch.equal(logits(model, ids), logits(base, ids))
 
@@ -79,12 +80,12 @@ def test_hlora_equals_a_loop_over_moelora_experts_with_the_same_weights():
     looped = lora.apply_plugins(copy.deepcopy(base), ["language"], {"p": lora.PluginConfig(8, 16, 4, "moelora")})
     randomize_b(fused)
     with torch.no_grad():
-        for name, layer in lora.plugin_layers(fused).items():
-            ours, theirs = layer.plugins["p"], lora.plugin_layers(looped)[name].plugins["p"]
-            theirs.lora_route.weight.copy_(ours.lora_route.weight)
+        for name, ours in lora.lora_layers(fused).items():
+            theirs = lora.lora_layers(looped)[name]
+            theirs.lora_route["p"].weight.copy_(ours.lora_route["p"].weight)
             for e in range(4):  # expert e holds rows 2e, 2e+1 of A and the same columns of B
-                theirs.lora_A[e].weight.copy_(ours.lora_A.weight[2 * e : 2 * e + 2])
-                theirs.lora_B[e].weight.copy_(ours.lora_B.weight[:, 2 * e : 2 * e + 2])
+                theirs.lora_A["p"][e].weight.copy_(ours.lora_A["p"].weight[2 * e : 2 * e + 2])
+                theirs.lora_B["p"][e].weight.copy_(ours.lora_B["p"].weight[:, 2 * e : 2 * e + 2])
     with lora.active_plugin(fused, "p"), lora.active_plugin(looped, "p"):
         a, b = logits(fused, ids), logits(looped, ids)
     assert (a - logits(base, ids)).abs().max() > 1e-2  # the plug-in does change the model
@@ -96,25 +97,24 @@ def test_hlora_equals_a_loop_over_moelora_experts_with_the_same_weights():
 def test_the_fused_update_is_the_formula_of_the_authors_code():
     torch.manual_seed(0)
     base = nn.Linear(6, 5).double()
-    plugin = Plugin(base, lora.PluginConfig(rank=8, alpha=16, experts=4))
+    layer = lora.LoraLayer(base, lora.PluginConfig(rank=8, alpha=16, experts=4), "p")
     with torch.no_grad():
-        plugin.lora_B.weight.normal_()
+        layer.lora_B["p"].weight.normal_()
     x = torch.randn(2, 7, 6, dtype=torch.float64)
-    gates = torch.softmax(x @ plugin.lora_route.weight.T, dim=-1).repeat_interleave(2, dim=-1)
-    expected = ((x @ plugin.lora_A.weight.T) * gates) @ plugin.lora_B.weight.T * (16 / 8 * 4)
-    assert (plugin(x) - expected).abs().max() <= 1e-12
+    gates = torch.softmax(x @ layer.lora_route["p"].weight.T, dim=-1).repeat_interleave(2, dim=-1)
+    expected = ((x @ layer.lora_A["p"].weight.T) * gates) @ layer.lora_B["p"].weight.T * (16 / 8 * 4)
+    assert (layer.update("p", x) - expected).abs().max() <= 1e-12
 
 
-def test_a_plain_lora_plugin_equals_a_lora_layer_with_the_same_factors():
+def test_a_plain_lora_plugin_is_the_lora_formula():
     torch.manual_seed(0)
     base = nn.Linear(6, 5).double()
-    plugin, layer = Plugin(base, lora.PluginConfig(4, 12, None, "lora")), lora.LoraLayer(copy.deepcopy(base), 4, 12)
+    layer = lora.LoraLayer(copy.deepcopy(base), lora.PluginConfig(4, 12, None, "lora"), "p")
     with torch.no_grad():
-        plugin.lora_B.weight.normal_()
-        layer.lora_A.weight.copy_(plugin.lora_A.weight)
-        layer.lora_B.weight.copy_(plugin.lora_B.weight)
+        layer.lora_B["p"].weight.normal_()
     x = torch.randn(3, 6, dtype=torch.float64)
-    assert (base(x) + plugin(x) - layer(x)).abs().max() <= 1e-12
+    expected = base(x) + 12 / 4 * x @ (layer.lora_B["p"].weight @ layer.lora_A["p"].weight).T
+    assert (layer(x) - expected).abs().max() <= 1e-12
 
 
 def test_training_the_generation_plugin_leaves_comprehension_and_the_base_bit_identical():
@@ -128,7 +128,7 @@ def test_training_the_generation_plugin_leaves_comprehension_and_the_base_bit_id
             model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
     changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
-    assert changed and all(".plugins.generation." in name for name in changed)
+    assert changed and all(".generation." in name for name in changed)
     assert set(lora.plugin_parameters(model, "generation")) >= changed
     assert all(p.grad is None for p in lora.plugin_parameters(model, "comprehension").values())
 
@@ -153,12 +153,12 @@ def test_the_hard_router_picks_the_plugin_and_restores_the_previous_choice():
     "config, message",
     [
         (dict(rank=6, alpha=8, experts=4), "rank 6 must be a multiple of experts 4"),
-        (dict(rank=8, alpha=8, experts=4, layout="moelora"), None),
-        (dict(rank=6, alpha=8, experts=4, layout="moelora"), "rank 6 must be a multiple of experts 4"),
-        (dict(rank=8, alpha=8, experts=2, layout="lora"), "plain LoRA plug-in has no experts"),
-        (dict(rank=8, alpha=8, experts=None), "needs a positive number of experts"),
-        (dict(rank=0, alpha=8, experts=None, layout="lora"), "positive integer"),
-        (dict(rank=8, alpha=8, layout="dora"), "layout must be one of"),
+        (dict(rank=8, alpha=8, experts=4, kind="moelora"), None),
+        (dict(rank=6, alpha=8, experts=4, kind="moelora"), "rank 6 must be a multiple of experts 4"),
+        (dict(rank=8, alpha=8, experts=2, kind="lora"), "plain LoRA adapter has no experts"),
+        (dict(rank=8, alpha=8, experts=None, kind="hlora"), "needs a positive number of experts"),
+        (dict(rank=0, alpha=8, experts=None, kind="lora"), "positive integer"),
+        (dict(rank=8, alpha=8, kind="dora"), "kind must be one of"),
     ],
 )
 def test_plugin_configs_are_checked_at_construction(config, message):
@@ -184,7 +184,7 @@ def test_a_plugin_file_round_trips_and_holds_peft_style_names(tmp_path):
     path = lora.save_plugin(model, "generation", tmp_path / "generation.safetensors")
     tensors = load_file(path)
     assert "base_model.model.model.layers.0.self_attn.q_proj.lora_route.weight" in tensors
-    assert all(".plugins." not in key for key in tensors) and read_metadata(path)["method"] == FILE_KIND
+    assert all(".generation." not in key for key in tensors) and read_metadata(path)["method"] == FILE_KIND
     fresh = lora.apply_plugins(tiny_llama(), ["language"], PLUGINS)
     lora.load_plugin(fresh, "generation", path)
     with lora.active_plugin(model, "generation"), lora.active_plugin(fresh, "generation"):

@@ -2,14 +2,17 @@
 
 Paper: Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022. Each target ``nn.Linear``,
 ``nn.Conv1d`` or ``nn.Conv2d`` becomes a `LoraLayer` computing ``W x + b + (alpha / r) · B A dropout(x)``, with
-PEFT's parameter names and file layout, so adapters move between the workbench and PEFT.
+PEFT's parameter names and file layout, so adapters move between the workbench and PEFT. One layer holds several
+named adapters (PEFT's ``lora_A[name]``), each of a kind: plain LoRA, H-LoRA's token-routed fused experts, or
+MoELoRA's looped experts.
 
-- `apply` / `apply_config`, `merge`, `unmerge`, `save_adapter`, `load_adapter`, `set_adapter_weights`,
-  `adapter_parameters`, `adapter_state`, `lora_layers` (`workbench.adaptation.lora.model`);
-- `LoraLayer`, `RoutedLoraLayer` (H-LoRA's token-routed experts) (`workbench.adaptation.lora.layer`);
-- `apply_plugins`, `active_plugin`, `PluginConfig`, `save_plugin`, `load_plugin`: plug-ins chosen by task kind
-  (HealthGPT's heterogeneous H-LoRA / MoELoRA / LoRA plug-ins) (`workbench.adaptation.lora.plugins`);
-- `LoraConfig`, `conv_rule_rank` (`workbench.adaptation.lora.config`);
+- `apply` / `apply_config`, `add_adapter`, `set_adapter`, `delete_adapter`, `merge`, `unmerge`, `save_adapter`,
+  `load_adapter`, `set_adapter_weights`, `adapter_parameters`, `adapter_state`, `lora_layers`
+  (`workbench.adaptation.lora.model`);
+- `LoraLayer` (`workbench.adaptation.lora.layer`);
+- `apply_plugins`, `active_plugin`, `save_plugin`, `load_plugin`: named adapters chosen by task kind (HealthGPT's
+  heterogeneous H-LoRA / MoELoRA / LoRA plug-ins) (`workbench.adaptation.lora.plugins`);
+- `LoraConfig`, `AdapterConfig` (= ``PluginConfig``), `conv_rule_rank` (`workbench.adaptation.lora.config`);
 - `LoadReport`, and the adapter-file helpers ELoRA shares (`workbench.adaptation.lora.io`);
 - the workbench method ``lora`` (`workbench.adaptation.lora.method.LoRA`).
 
@@ -20,55 +23,63 @@ Example::
     >>> plain = lora.merge(model)                            # doctest: +SKIP
 """
 
-from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, LoraConfig, conv_rule_rank
+from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, KINDS, AdapterConfig, LoraConfig, conv_rule_rank
 from workbench.adaptation.lora.io import LoadReport
-from workbench.adaptation.lora.layer import SUPPORTED, LoraLayer, RoutedLoraLayer
+from workbench.adaptation.lora.layer import DEFAULT, SUPPORTED, LoraLayer
 from workbench.adaptation.lora.method import LoRA
 from workbench.adaptation.lora.model import (
     adapter_parameters,
     adapter_state,
+    add_adapter,
     apply,
     apply_config,
+    delete_adapter,
     load_adapter,
+    load_state,
     lora_layers,
     merge,
     peft_config_of,
     save_adapter,
+    set_adapter,
     set_adapter_weights,
     unmerge,
 )
 from workbench.adaptation.lora.plugins import (
     PluginConfig,
-    PluginLoraLayer,
     active_plugin,
     apply_plugins,
     load_plugin,
-    plugin_layers,
     plugin_names,
     plugin_parameters,
+    plugin_state,
     save_plugin,
 )
 
 __all__ = [
     "COMPUTES",
     "CONV_RANKS",
+    "DEFAULT",
+    "KINDS",
     "SUPPORTED",
+    "AdapterConfig",
     "LoRA",
     "LoadReport",
     "LoraConfig",
     "LoraLayer",
     "PluginConfig",
-    "PluginLoraLayer",
-    "RoutedLoraLayer",
+    "add_adapter",
     "adapter_parameters",
     "adapter_state",
     "active_plugin",
     "apply_plugins",
+    "delete_adapter",
     "load_plugin",
-    "plugin_layers",
+    "load_state",
     "plugin_names",
     "plugin_parameters",
+    "plugin_state",
     "save_plugin",
+    "set_adapter",
     "apply",
     "apply_config",
     "conv_rule_rank",

@@ -1,7 +1,15 @@
 """What `workbench.adaptation.lora.apply` is asked for (`LoraConfig`), and how each target's rank is chosen.
 
-A `LoraConfig` is the JSON-able record of one `apply` call: `save_adapter` writes it into the adapter file, and
-`load_adapter` rebuilds the same adapters on the same architecture from it (as PEFT's ``LoraConfig`` does).
+A `LoraConfig` is the JSON-able record of one `apply` call (one named adapter on a model's targets): `save_adapter`
+writes it into the adapter file, and `load_adapter` rebuilds the same adapters on the same architecture from it (as
+PEFT's ``LoraConfig`` does). An `AdapterConfig` is what one adapter of one layer is: its kind, rank, scale, experts,
+dropout and way of computing (what PEFT's ``LoraLayer.update_layer`` receives).
+
+Adapter kinds (`KINDS`), all starting at ``B = 0`` (see `workbench.adaptation.lora.layer`):
+
+* ``"lora"`` — plain LoRA, ``(alpha / r) · B A x``;
+* ``"hlora"`` — H-LoRA: ``k`` token-routed experts fused in one ``A``/``B`` pair, ``scale = alpha / r · k``;
+* ``"moelora"`` — MoELoRA: the same experts as ``k`` separate ``A_e``/``B_e`` pairs computed in a loop.
 
 Rank of a target module (first rule that applies):
 
@@ -10,7 +18,7 @@ Rank of a target module (first rule that applies):
 3. ``rank``.
 
 The scale of every target is ``alpha / its rank`` (as PEFT does with its ``rank_pattern``), times the number of
-experts for routed (H-LoRA) layers.
+experts for the routed kinds.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from workbench.errors import UserError
 
 #: ``compute`` choices: ``"input"`` (PEFT's ``W x + B A x``) or ``"weight"`` (``(W + B A) x``).
 COMPUTES = ("input", "weight")
+#: Adapter kinds: plain LoRA, H-LoRA's fused routed experts, MoELoRA's looped experts.
+KINDS = ("lora", "hlora", "moelora")
 #: ``conv_rank`` choices: ``"peft"`` (convolutions take ``rank`` like every target), ``"rule"`` (`conv_rule_rank`).
 CONV_RANKS = ("peft", "rule")
 
@@ -65,11 +75,86 @@ def conv_rule_rank(in_channels: int, out_channels: int, kernel_numel: int) -> in
 
 
 @dataclass(frozen=True)
+class AdapterConfig:
+    """One adapter of one layer (HealthGPT's plug-ins are such adapters, chosen per batch by task kind).
+
+    Args:
+        rank: total rank ``r``; for the experts' kinds a multiple of ``experts`` (each expert holds ``r / k`` ranks).
+        alpha: scale numerator.
+        experts: number ``k`` of token-routed experts; None (default) for plain LoRA.
+        kind: one of `KINDS`; None (default): ``"hlora"`` with experts, ``"lora"`` without.
+        dropout: dropout probability on the adapter's input (default 0).
+        compute: ``"input"`` (default, PEFT's) or ``"weight"`` (``ΔW`` folded into the weight on each forward; plain
+            LoRA only).
+    """
+
+    rank: int
+    alpha: float
+    experts: int | None = None
+    kind: str | None = None
+    dropout: float = 0.0
+    compute: str = "input"
+
+    def __post_init__(self) -> None:
+        if self.kind is None:
+            object.__setattr__(self, "kind", "lora" if self.experts is None else "hlora")
+        object.__setattr__(self, "alpha", float(self.alpha))
+        object.__setattr__(self, "dropout", float(self.dropout))
+        if self.kind not in KINDS:
+            raise UserError(f"LoRA adapter kind must be one of {KINDS}, got {self.kind!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise UserError(f"LoRA rank must be a positive integer, got {self.rank!r}")
+        if not self.alpha > 0:
+            raise UserError(f"LoRA alpha must be positive, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"LoRA dropout must lie in [0, 1), got {self.dropout}")
+        if self.compute not in COMPUTES:
+            raise UserError(f"LoRA compute must be one of {COMPUTES}, got {self.compute!r}")
+        if self.kind == "lora":
+            if self.experts is not None:
+                raise UserError(f"a plain LoRA adapter has no experts (got experts={self.experts}); use experts=None")
+            return
+        if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 1:
+            raise UserError(f"a {self.kind} adapter needs a positive number of experts, got {self.experts!r}")
+        if self.rank % self.experts:
+            raise UserError(
+                f"{self.kind} adapter: rank {self.rank} must be a multiple of experts {self.experts} (each expert "
+                "holds rank / experts ranks)"
+            )
+        if self.compute == "weight":
+            raise UserError("routed experts (H-LoRA) depend on the input: they cannot be computed in weight space")
+
+    @property
+    def routed(self) -> bool:
+        """Whether a router weighs experts token by token (then the update depends on the input: not mergeable)."""
+        return self.kind != "lora"
+
+    @property
+    def scale(self) -> float:
+        """``alpha / r`` (plain LoRA) or ``alpha / r · k`` (the experts' kinds, as HealthGPT's code)."""
+        return self.alpha / self.rank * (self.experts or 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, content: Mapping[str, Any], source: str | Path) -> "AdapterConfig":
+        """The config `to_dict` wrote (``layout``, the name plug-in files used before, is read as ``kind``)."""
+        values = dict(content)
+        if "layout" in values and "kind" not in values:
+            values["kind"] = values.pop("layout")
+        try:
+            return cls(**values)
+        except TypeError as error:
+            raise UserError(f"{source}: the LoRA adapter configuration {values} is not one ({error})") from None
+
+
+@dataclass(frozen=True)
 class LoraConfig:
     """The arguments of one `apply` call (see `workbench.adaptation.lora.apply` for their meaning).
 
     Args:
-        targets: group names of the model's ``lora_target_groups`` and/or fnmatch patterns over module names;
+        targets: group names of the model's ``adapter_target_groups`` and/or fnmatch patterns over module names;
             None (default) adapts every declared group.
         rank: LoRA rank ``r`` (default 8).
         alpha: scale numerator: updates are multiplied by ``alpha / r`` (default 8).
@@ -77,7 +162,8 @@ class LoraConfig:
         rank_pattern: ``{fnmatch pattern over module names: rank}``; the first matching pattern wins (default none).
         conv_rank: ``"peft"`` (default) or ``"rule"`` (`conv_rule_rank` for convolutions).
         train: fnmatch patterns over parameter names trained in full besides the adapters (default none).
-        experts: number ``k`` of token-routed experts (H-LoRA, `RoutedLoraLayer`); None (default) for plain LoRA.
+        experts: number ``k`` of token-routed experts; None (default) for plain LoRA.
+        kind: the adapters' kind (`KINDS`); None (default): ``"hlora"`` with experts, ``"lora"`` without.
         compute: ``"input"`` (default, PEFT's) or ``"weight"`` (``ΔW`` folded into the weight on each forward; the
             same function, other memory and time, see `workbench.adaptation.lora.layer`).
     """
@@ -91,6 +177,7 @@ class LoraConfig:
     train: tuple[str, ...] = ()
     experts: int | None = None
     compute: str = "input"
+    kind: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.targets, str):
@@ -104,20 +191,13 @@ class LoraConfig:
         for name, rank in [("rank", self.rank), *((f"rank_pattern['{k}']", v) for k, v in self.rank_pattern.items())]:
             if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
                 raise UserError(f"LoRA {name} must be a positive integer, got {rank!r}")
-        if not self.alpha > 0:
-            raise UserError(f"LoRA alpha must be positive, got {self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserError(f"LoRA dropout must lie in [0, 1), got {self.dropout}")
         if self.conv_rank not in CONV_RANKS:
             raise UserError(f"LoRA conv_rank must be one of {CONV_RANKS}, got {self.conv_rank!r}")
-        if self.experts is not None and (isinstance(self.experts, bool) or not isinstance(self.experts, int)):
-            raise UserError(f"LoRA experts must be a positive integer or None, got {self.experts!r}")
-        if self.experts is not None and self.experts < 1:
-            raise UserError(f"LoRA experts must be a positive integer or None, got {self.experts}")
-        if self.compute not in COMPUTES:
-            raise UserError(f"LoRA compute must be one of {COMPUTES}, got {self.compute!r}")
-        if self.compute == "weight" and self.experts is not None:
-            raise UserError("routed experts (H-LoRA) depend on the input: they cannot be computed in weight space")
+        object.__setattr__(self, "kind", self.adapter(self.rank).kind)  # checks alpha, dropout, experts, kind, compute
+
+    def adapter(self, rank: int) -> AdapterConfig:
+        """The `AdapterConfig` of a target of rank ``rank`` (`rank_of`)."""
+        return AdapterConfig(rank, self.alpha, self.experts, self.kind, self.dropout, self.compute)
 
     def rank_of(self, name: str, module: nn.Module) -> int:
         """The rank of target ``name`` (``rank_pattern``, then the conv rule, then ``rank``; see the module doc)."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Mapping
+
+import torch
 from torch import nn
 from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS
-from workbench.adaptation.lora.model import apply, merge, target_names
+from workbench.adaptation.lora.model import adapter_state, apply, load_state, merge, target_names
 
 from workbench.method import Method
 from workbench.model import require
@@ -19,7 +23,7 @@ class LoRA(Method):
     """LoRA (Hu et al., ICLR 2022) on the model's declared target groups; the model's head trains in full.
 
     `prepare`: `workbench.adaptation.lora.apply` with ``rank`` 16 and ``alpha`` 16 (scale 1, H-Tuning's setting
-    for its ECG runs) on every group of the model's ``lora_target_groups`` (or the ``targets`` given: group names or
+    for its ECG runs) on every group of the model's ``adapter_target_groups`` (or the ``targets`` given: group names or
     fnmatch patterns over module names, comma-separated), dropout on the adapters' input, and — with ``head``
     ``train`` (default) — the model's declared head trained in full; everything else frozen. `merge` folds the
     adapters into the weights and returns a model of the original classes.
@@ -34,7 +38,7 @@ class LoRA(Method):
 
     name = "lora"
     description = "LoRA on the model's declared target groups (conv, qkv, ...), head trained in full (Hu et al., 2022)"
-    needs_model = ("lora_target_groups",)
+    needs_model = ("adapter_target_groups",)
     learning_rate = 2e-3  # H-Tuning's AdamW rate for its LoRA runs
     options = (
         Option("rank", int, 16, "LoRA rank r of every update"),
@@ -90,6 +94,16 @@ class LoRA(Method):
             train=train,
             compute=self.config["compute"],
         )
+
+    def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The adapter and the parameters trained in full by their file names (`adapter_state`: PEFT's, without the
+        adapter name), so a run's ``adapter.safetensors`` keeps its names whatever the adapter is called."""
+        return {name: p.detach().clone() for name, p in adapter_state(model).items()}
+
+    def load_trainable_state(
+        self, model: nn.Module, state: Mapping[str, torch.Tensor], source: str | Path = "<state>"
+    ) -> None:
+        load_state(model, state, source)
 
     def merge(self, model: nn.Module) -> nn.Module:
         return merge(model)

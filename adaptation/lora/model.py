@@ -5,8 +5,12 @@ Paper: Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 202
 ``nn.Linear`` / ``nn.Conv1d`` / ``nn.Conv2d`` is replaced by a `LoraLayer` holding it as ``base_layer``, so every
 adapted module computes ``W x + b + (alpha / r) · B A x`` (see `workbench.adaptation.lora.layer`).
 
+Named adapters, as PEFT's: `apply` adds the adapter ``"default"``; `add_adapter` adds another one by name (on the
+same or other targets), `set_adapter` chooses which act, `delete_adapter` removes one, and `merge`, `save_adapter`,
+`load_adapter` take an ``adapter`` name. Each adapter's `LoraConfig` is kept on the model (``_lora_configs``).
+
 Targets are fnmatch patterns over module names (``"layers.*.attention.qkv"``) and/or names of the target groups a
-model declares (`workbench.model.ModelSpec.lora_target_groups`, e.g. ``{"qkv": ("blocks.*.attn.qkv",)}``).
+model declares (`workbench.model.ModelSpec.adapter_target_groups`, e.g. ``{"qkv": ("blocks.*.attn.qkv",)}``).
 
 Files: `save_adapter` writes a folder in PEFT's layout — ``adapter_model.safetensors`` with PEFT's tensor names
 (``base_model.model.<module>.lora_A.weight``; parameters trained in full under their own names, as PEFT's
@@ -36,9 +40,9 @@ import torch
 from torch import nn
 from workbench.adaptation.lora.config import LoraConfig
 from workbench.adaptation.lora.io import LoadReport, load_into, read_adapter, write_adapter
-from workbench.adaptation.lora.layer import SUPPORTED, LoraLayer, RoutedLoraLayer
+from workbench.adaptation.lora.layer import DEFAULT, SUPPORTED, LoraLayer
 
-from workbench.checkpoint import write_json
+from workbench.checkpoint import check_state_fits, write_json
 from workbench.errors import UserError
 from workbench.model import spec_of
 
@@ -77,15 +81,16 @@ def apply(
             (`conv_rule_rank`: the largest power of 2 whose adapter is not larger than the weight).
         train: fnmatch patterns over parameter names (as ``named_parameters`` gives them after `apply`, e.g.
             ``"classifier.*"``, ``"*.bias"``) trained in full besides the adapters; each must match something.
-        experts: ``k`` token-routed experts per layer (H-LoRA, `RoutedLoraLayer`; nn.Linear targets only, rank a
-            multiple of ``k``, not mergeable); None (default) for plain LoRA.
+        experts: ``k`` token-routed experts per layer (an H-LoRA adapter; nn.Linear targets only, rank a multiple of
+            ``k``, not mergeable); None (default) for plain LoRA.
         compute: ``"input"`` (default, PEFT's: ``W x + b + scale · B A dropout(x)``) or ``"weight"``
             (``(W + scale · B A) x + b``, loralib's conv LoRA: the same function without the adapter's activations,
             with a weight-sized gradient; while dropout is active in training the input way is used). See
             `workbench.adaptation.lora.layer`.
 
-    A model that already carries LoRA layers is refused (merge them first); parametrizations of the model are left
-    as they are. The `LoraConfig` is kept on the model for `save_adapter`.
+    The adapter is named ``"default"`` (PEFT's name) and active. A model that already carries LoRA layers is refused
+    (merge them first, or `add_adapter`); parametrizations of the model are left as they are. The `LoraConfig` is
+    kept on the model for `save_adapter`.
     """
     config = LoraConfig(
         targets=targets,
@@ -101,39 +106,114 @@ def apply(
     return apply_config(model, config)
 
 
-def apply_config(model: nn.Module, config: LoraConfig) -> nn.Module:
-    """`apply` with its arguments as a `LoraConfig` (what `load_adapter` rebuilds from a file)."""
+def apply_config(model: nn.Module, config: LoraConfig, name: str = DEFAULT) -> nn.Module:
+    """`apply` with its arguments as a `LoraConfig` (what `load_adapter` rebuilds from a file); ``name``: the
+    adapter's name."""
     existing = list(lora_layers(model))
     if existing:
         raise UserError(
             f"this {type(model).__name__} already carries LoRA layers ({', '.join(existing[:3])}); merge them first "
-            "(lora.merge) before applying LoRA again"
+            "(lora.merge) before applying LoRA again, or add a named adapter (lora.add_adapter)"
         )
-    chosen = _select_targets(model, config.targets)
-    layers = {}
-    for name, module in chosen:  # build every layer before changing the model
-        try:
-            rank = config.rank_of(name, module)
-            if config.experts is None:
-                layers[name] = LoraLayer(module, rank, config.alpha, config.dropout, config.compute)
-            else:
-                layers[name] = RoutedLoraLayer(module, rank, config.alpha, config.dropout, experts=config.experts)
-        except UserError as error:
-            raise UserError(f"LoRA target '{name}': {error}") from None
     flags = [(p, p.requires_grad) for p in model.parameters()]
+    layers = _add(model, {name: config})
     model.requires_grad_(False)
-    for name, layer in layers.items():
-        _replace(model, name, layer)
+    for layer in layers.values():
+        layer.set_adapter(name)
+        for p in layer.adapter_parameters().values():
+            p.requires_grad_(True)
     try:
         _train_in_full(model, config.train)
     except UserError:  # a refused apply leaves the model as it was
-        for name, layer in layers.items():
-            _replace(model, name, layer.base_layer)
+        for layer_name, layer in layers.items():
+            _replace(model, layer_name, layer.base_layer)
         for p, flag in flags:
             p.requires_grad_(flag)
         raise
-    model._lora_config = config
+    model._lora_configs = {name: config}
     return model
+
+
+def add_adapter(model: nn.Module, name: str, config: LoraConfig) -> nn.Module:
+    """Add adapter ``name`` to ``model`` (PEFT's ``add_adapter``): the LoRA layers among ``config.targets`` get it,
+    other targets become LoRA layers; which adapters act does not change (`set_adapter`). Its parameters train
+    (``requires_grad``), nothing else changes; ``config.train`` must be empty (trained-in-full modules belong to the
+    model, not to one adapter). Returns the model."""
+    configs = _configs(model)
+    if name in configs:
+        raise UserError(f"this {type(model).__name__} already has a LoRA adapter named '{name}'")
+    if config.train:
+        raise UserError(
+            f"LoRA adapter '{name}': train patterns {list(config.train)} belong to lora.apply, not to an added adapter"
+        )
+    _add(model, {name: config})
+    model._lora_configs = {**configs, name: config}
+    return model
+
+
+def set_adapter(model: nn.Module, names: str | Sequence[str]) -> nn.Module:
+    """Make adapter(s) ``names`` the active ones in every LoRA layer (``()``: none, the base model); a layer without
+    one of them runs the others (PEFT's ``set_adapter``). Returns the model."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    unknown = [n for n in names if n not in _configs(model)]
+    if unknown:
+        raise UserError(f"no LoRA adapter named {unknown}; this model has {list(_configs(model)) or 'none'}")
+    for layer in lora_layers(model).values():
+        layer.set_adapter([n for n in names if n in layer.adapters])
+    return model
+
+
+def delete_adapter(model: nn.Module, name: str) -> nn.Module:
+    """Remove adapter ``name`` from every LoRA layer (a layer left without adapters becomes its base layer again);
+    a merged adapter is refused (unmerge first). Returns the model."""
+    configs = _configs(model)
+    if name not in configs:
+        raise UserError(f"no LoRA adapter named '{name}'; this model has {list(configs) or 'none'}")
+    layers = lora_layers(model)
+    merged = [n for n, layer in layers.items() if name in layer.merged_adapters]
+    if merged:
+        raise UserError(f"LoRA adapter '{name}' is merged into {', '.join(merged[:3])}; unmerge(model) first")
+    for layer_name, layer in layers.items():
+        if name in layer.adapters:
+            layer.delete_adapter(name)
+        if not layer.adapters:
+            _replace(model, layer_name, layer.base_layer)
+    model._lora_configs = {n: c for n, c in configs.items() if n != name}
+    return model
+
+
+def _configs(model: nn.Module) -> dict[str, LoraConfig]:
+    return getattr(model, "_lora_configs", {})
+
+
+def _add(model: nn.Module, configs: Mapping[str, LoraConfig]) -> dict[str, LoraLayer]:
+    """Add adapters ``configs`` (``{name: LoraConfig}``, sharing their targets or not) to their targets, target by
+    target in module order and within one in ``configs`` order (the random draws' order); every new layer is built
+    and every check passed before the model changes. Returns the layers that hold the adapters, by module name."""
+    wanted: dict[str, tuple[nn.Module, list[str]]] = {}
+    for name, config in configs.items():
+        for target, module in _select_targets(model, config.targets):
+            wanted.setdefault(target, (module, []))[1].append(name)
+    order = [target for target, _ in _candidates(model) if target in wanted]
+    new, extended = {}, []
+    try:
+        for target in order:
+            module, names = wanted[target]
+            layer = module if isinstance(module, LoraLayer) else LoraLayer(module)
+            for name in names:
+                base = layer.base_layer
+                layer.add_adapter(name, configs[name].adapter(configs[name].rank_of(target, base)))
+                if layer is module:
+                    extended.append((layer, name))
+            if layer is not module:
+                new[target] = layer
+    except UserError as error:
+        for layer, name in extended:
+            layer.delete_adapter(name)
+        raise UserError(f"LoRA target '{target}': {error}") from None
+    for target, layer in new.items():
+        _replace(model, target, layer)
+    return {target: model.get_submodule(target) for target in order}
 
 
 def target_names(model: nn.Module, targets: str | Sequence[str] | None = None) -> list[str]:
@@ -144,8 +224,8 @@ def target_names(model: nn.Module, targets: str | Sequence[str] | None = None) -
 def _select_targets(model: nn.Module, targets: tuple[str, ...] | None) -> list[tuple[str, nn.Module]]:
     """(name, layer) of every target, in module order."""
     spec = spec_of(model)
-    groups = dict(spec.lora_target_groups) if spec is not None else {}
-    candidates = [(name, m) for name, m in model.named_modules() if name and isinstance(m, SUPPORTED)]
+    groups = dict(spec.adapter_target_groups) if spec is not None else {}
+    candidates = _candidates(model)
     layer_names = _some([name for name, _ in candidates])
     if targets is None:
         if not groups:
@@ -171,6 +251,17 @@ def _select_targets(model: nn.Module, targets: tuple[str, ...] | None) -> list[t
             "it under one name would leave the others unadapted — leave it out of the targets"
         )
     return [(name, m) for name, m in candidates if name in chosen]
+
+
+def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every layer LoRA can target, in module order: LoRA layers (their base layers not apart)
+    and the supported layers outside them."""
+    out: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        inside = out and isinstance(out[-1][1], LoraLayer) and name.startswith(out[-1][0] + ".")
+        if name and not inside and isinstance(module, (LoraLayer, *SUPPORTED)):
+            out.append((name, module))
+    return out
 
 
 def _shared_names(model: nn.Module, chosen: set[str]) -> list[str]:
@@ -208,47 +299,72 @@ def lora_layers(model: nn.Module) -> dict[str, LoraLayer]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
 
 
-def adapter_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The adapters' parameters in module order: ``lora_A``, ``lora_B`` (and ``lora_route`` of routed layers)."""
-    return [p for layer in lora_layers(model).values() for p in layer.adapter_parameters()]
+def adapter_parameters(model: nn.Module, adapter: str | None = None) -> list[nn.Parameter]:
+    """The parameters of adapter ``adapter`` (None: of every adapter) in module order: ``lora_A``, ``lora_B`` (and
+    ``lora_route`` of routed kinds) of each layer."""
+    return [p for layer in lora_layers(model).values() for p in layer.adapter_parameters(adapter).values()]
 
 
-def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """What an adapter file holds, by parameter name: every adapter parameter and every parameter trained in full
-    (the ``train`` patterns of `apply`), in ``named_parameters`` order."""
-    config = getattr(model, "_lora_config", None)
+def adapter_state(model: nn.Module, adapter: str = DEFAULT) -> dict[str, torch.Tensor]:
+    """What an adapter file holds, by PEFT's file names (the parameter names without the adapter name:
+    ``<module>.lora_A.weight``): adapter ``adapter``'s parameters and every parameter trained in full (the ``train``
+    patterns of `apply`), in ``named_parameters`` order."""
+    config = _configs(model).get(adapter)
     if config is None or not lora_layers(model):
+        if _configs(model):
+            raise UserError(f"no LoRA adapter named '{adapter}'; this model has {list(_configs(model))}")
         raise UserError(f"this {type(model).__name__} carries no LoRA adapter (call lora.apply first)")
-    adapter = {id(p) for p in adapter_parameters(model)}
+    own = {id(p): f"{name}.{key}" for name, layer in lora_layers(model).items()
+           for key, p in layer.adapter_parameters(adapter).items()}  # fmt: skip
+    others = {id(p) for p in adapter_parameters(model)} - set(own)
     return {
-        name: p
+        own.get(id(p), name): p
         for name, p in model.named_parameters()
-        if id(p) in adapter or any(fnmatchcase(name, pattern) for pattern in config.train)
+        if id(p) in own or (id(p) not in others and any(fnmatchcase(name, pattern) for pattern in config.train))
     }
 
 
-def merge(model: nn.Module, unload: bool = True) -> nn.Module:
-    """Fold every LoRA update into its base weight, ``W ← W + (alpha / r) · B A``, and return the model.
+def load_state(
+    model: nn.Module, state: Mapping[str, torch.Tensor], source: str | Path = "<state>", adapter: str = DEFAULT
+) -> None:
+    """Copy an `adapter_state` (by its file names; a run's ``adapter.safetensors``) into adapter ``adapter``, strictly:
+    every name of the model's adapter state present with its shape and nothing else; nothing is written otherwise."""
+    check_state_fits(adapter_state(model, adapter), state, source, f"it does not fit LoRA adapter '{adapter}'")
+    with torch.no_grad():
+        for name, p in adapter_state(model, adapter).items():
+            p.copy_(state[name])
+
+
+def merge(model: nn.Module, unload: bool = True, adapter: str | Sequence[str] | None = None) -> nn.Module:
+    """Fold LoRA updates into their base weights, ``W ← W + (alpha / r) · B A``, and return the model.
 
     Args:
         model: a model `apply` adapted (a model without LoRA layers is returned unchanged).
         unload: replace each `LoraLayer` by its base layer (default: a plain model of the original classes, PEFT's
-            ``merge_and_unload``); False keeps the layers, merged, for `unmerge` (PEFT's ``merge_adapter``).
+            ``merge_and_unload``; adapters not merged are dropped); False keeps the layers, merged, for `unmerge`
+            (PEFT's ``merge_adapter``).
+        adapter: the adapter(s) to fold; None (default): the active ones.
 
     Merged weights keep the base weights' ``requires_grad`` (False after `apply`). Nothing changes unless every
-    layer can be merged: routed (H-LoRA) layers and layers whose base weight carries a parametrization LoRA did
-    not create are refused with the reason.
+    layer can be merged: routed (H-LoRA, MoELoRA) adapters and layers whose base weight carries a parametrization
+    LoRA did not create are refused with the reason.
     """
+    names = None if adapter is None else (adapter,) if isinstance(adapter, str) else tuple(adapter)
+    unknown = [n for n in names or () if n not in _configs(model)]
+    if unknown:
+        raise UserError(f"no LoRA adapter named {unknown}; this model has {list(_configs(model)) or 'none'}")
     layers = lora_layers(model)
-    problems = [f"{name}: {why}" for name, layer in layers.items() if (why := layer.merge_error()) and not layer.merged]
+    chosen = {n: [a for a in (layer.active_adapters if names is None else names) if a in layer.adapters]
+              for n, layer in layers.items()}  # fmt: skip
+    problems = [f"{n}: {why}" for n, layer in layers.items() if (why := layer.merge_error(chosen[n]))]
     if problems:
         raise UserError("cannot merge LoRA into this model: " + "; ".join(problems))
     for name, layer in layers.items():
-        layer.merge()
+        layer.merge(chosen[name])
         if unload:
             _replace(model, name, layer.base_layer)
-    if unload and hasattr(model, "_lora_config"):
-        del model._lora_config
+    if unload and hasattr(model, "_lora_configs"):
+        del model._lora_configs
     return model
 
 
@@ -259,50 +375,59 @@ def unmerge(model: nn.Module) -> nn.Module:
     return model
 
 
-def set_adapter_weights(model: nn.Module, weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> nn.Module:
-    """Write given factors into the adapters: ``{module name: (A, B)}`` (weights generated elsewhere, PhysioPFM).
+def set_adapter_weights(
+    model: nn.Module, weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]], adapter: str = DEFAULT
+) -> nn.Module:
+    """Write given factors into adapter ``adapter``: ``{module name: (A, B)}`` (weights generated elsewhere,
+    PhysioPFM).
 
-    ``A`` and ``B`` must have the shapes of ``lora_A.weight`` and ``lora_B.weight`` of that layer: ``(r, in)`` and
-    ``(out, r)`` for a linear layer, ``(r, in, *kernel)`` and ``(out, r, 1, ...)`` for a convolution; they are
-    converted to the adapter's dtype and device. Nothing is written unless every name and shape fits. Returns the
-    model.
+    ``A`` and ``B`` must have the shapes of ``lora_A[adapter].weight`` and ``lora_B[adapter].weight`` of that layer:
+    ``(r, in)`` and ``(out, r)`` for a linear layer, ``(r, in, *kernel)`` and ``(out, r, 1, ...)`` for a
+    convolution; they are converted to the adapter's dtype and device. Nothing is written unless every name and shape
+    fits. Returns the model.
     """
-    layers = lora_layers(model)
+    layers = {n: layer for n, layer in lora_layers(model).items() if adapter in layer.adapters}
     unknown = sorted(set(weights) - set(layers))
     if unknown:
         raise UserError(
-            f"set_adapter_weights: {unknown} are not LoRA layers of this model; its LoRA layers: {_some(list(layers))}"
+            f"set_adapter_weights: {unknown} are not LoRA layers of this model with adapter '{adapter}'; its LoRA "
+            f"layers: {_some(list(layers))}"
         )
+    targets = {}
     for name, (a, b) in weights.items():
         layer = layers[name]
-        if layer.merged:
+        if adapter in layer.merged_adapters:
             raise UserError(f"set_adapter_weights: LoRA layer '{name}' is merged; unmerge(model) first")
-        for what, value, param in (("A", a, layer.lora_A.weight), ("B", b, layer.lora_B.weight)):
+        if layer.adapters[adapter].kind == "moelora":
+            raise UserError(f"set_adapter_weights: '{name}': a moelora adapter has no single A and B")
+        targets[name] = (layer.lora_A[adapter].weight, layer.lora_B[adapter].weight)
+        for what, value, param in (("A", a, targets[name][0]), ("B", b, targets[name][1])):
             if tuple(value.shape) != tuple(param.shape):
                 expected, found = tuple(param.shape), tuple(value.shape)
                 raise UserError(f"set_adapter_weights: '{name}': {what} has shape {found}, expected {expected}")
     with torch.no_grad():
         for name, (a, b) in weights.items():
-            layers[name].lora_A.weight.copy_(a)
-            layers[name].lora_B.weight.copy_(b)
+            targets[name][0].copy_(a)
+            targets[name][1].copy_(b)
     return model
 
 
-def save_adapter(model: nn.Module, path: str | Path) -> Path:
-    """Write the adapter (`adapter_state`) in PEFT's layout; returns the safetensors file written.
+def save_adapter(model: nn.Module, path: str | Path, adapter: str = DEFAULT) -> Path:
+    """Write adapter ``adapter`` (`adapter_state`) in PEFT's layout; returns the safetensors file written.
 
     ``path`` is a folder (created): ``adapter_model.safetensors`` (PEFT's tensor names, the `LoraConfig` in its
     metadata) and, when PEFT can express this adapter, ``adapter_config.json`` for
     ``peft.PeftModel.from_pretrained``; a stale one is removed otherwise (the reason is logged). A path ending in
-    ``.safetensors`` writes that one file alone.
+    ``.safetensors`` writes that one file alone. (PEFT saves an adapter other than ``default`` in a sub-folder of
+    its name; here the caller picks the folder.)
     """
-    config = getattr(model, "_lora_config", None)
-    state = adapter_state(model)
+    state = adapter_state(model, adapter)
+    config = _configs(model)[adapter]
     path = Path(path)
     file = path if path.suffix == ".safetensors" else path / ADAPTER_FILE
     write_adapter(file, {PEFT_PREFIX + name: p for name, p in state.items()}, "lora", config.to_dict())
     if file is not path:
-        peft_config, why_not = peft_config_of(model)
+        peft_config, why_not = peft_config_of(model, adapter)
         if peft_config is not None:
             write_json(path / PEFT_CONFIG_FILE, peft_config)
         else:
@@ -311,14 +436,17 @@ def save_adapter(model: nn.Module, path: str | Path) -> Path:
     return file
 
 
-def load_adapter(model: nn.Module, path: str | Path, strict: bool = False) -> LoadReport:
-    """Load an adapter into ``model`` in place; returns (and logs) what matched, was missing or unexpected.
+def load_adapter(model: nn.Module, path: str | Path, strict: bool = False, adapter: str = DEFAULT) -> LoadReport:
+    """Load an adapter into ``model`` in place as adapter ``adapter``; returns (and logs) what matched, was missing
+    or unexpected.
 
     Args:
-        model: a base model — LoRA is applied to it with the file's `LoraConfig` first — or a model already
-            carrying LoRA layers (e.g. applied by hand to match an adapter PEFT wrote), which are loaded as they are.
+        model: a base model — LoRA is applied to it with the file's `LoraConfig` first —, a model carrying other
+            named adapters (the file's is added as ``adapter``, PEFT's ``load_adapter``; not made active), or a model
+            already carrying adapter ``adapter`` (e.g. applied by hand to match an adapter PEFT wrote), loaded as is.
         path: a folder `save_adapter` (or PEFT's ``save_pretrained``) wrote, or the safetensors file itself.
         strict: refuse missing and unexpected tensors too (default: report them; missing ones keep their values).
+        adapter: the adapter's name in the model (default ``"default"``).
 
     A file none of whose tensors is one of the model's adapter tensors is refused, as is a tensor of another shape.
     Tensor names may carry PEFT's ``base_model.model.`` prefix or not.
@@ -326,38 +454,43 @@ def load_adapter(model: nn.Module, path: str | Path, strict: bool = False) -> Lo
     path = Path(path)
     file = path / ADAPTER_FILE if path.is_dir() else path
     tensors, config = read_adapter(file, "lora")
-    if not lora_layers(model):
+    if adapter not in _configs(model):
+        if lora_layers(model) and not _configs(model):
+            raise UserError(
+                f"this {type(model).__name__} carries LoRA layers that lora.apply did not make; load into a base model"
+            )
         if config is None:
             raise UserError(
                 f"{file}: holds no workbench LoRA configuration (written by PEFT?); apply LoRA with its targets and "
                 "ranks first (lora.apply(model, targets=..., rank=...)), then load_adapter loads its tensors"
             )
-        apply_config(model, LoraConfig.from_dict(config, file))
-    elif getattr(model, "_lora_config", None) is None:
-        raise UserError(
-            f"this {type(model).__name__} carries LoRA layers that lora.apply did not make; load into a base model"
-        )
+        config = LoraConfig.from_dict(config, file)
+        if _configs(model):
+            add_adapter(model, adapter, config)
+        else:
+            apply_config(model, config, adapter)
     state = {name.removeprefix(PEFT_PREFIX): value for name, value in tensors.items()}
-    return load_into(adapter_state(model), state, file, strict=strict)
+    return load_into(adapter_state(model, adapter), state, file, strict=strict)
 
 
-def peft_config_of(model: nn.Module) -> tuple[dict | None, str]:
-    """(PEFT ``LoraConfig`` fields of this adapter, "") — or (None, why PEFT cannot express it).
+def peft_config_of(model: nn.Module, adapter: str = DEFAULT) -> tuple[dict | None, str]:
+    """(PEFT ``LoraConfig`` fields of adapter ``adapter``, "") — or (None, why PEFT cannot express it).
 
     Targets go into ``target_modules`` as one regular expression of the exact names and per-target ranks into
     ``rank_pattern`` (anchored names), so PEFT rebuilds exactly these layers; parameters trained in full must form
     whole modules (PEFT's ``modules_to_save``). PEFT's convolution LoRA has no dilation or padding mode and PEFT has
     no routed experts: such adapters are the workbench's alone.
     """
-    config: LoraConfig = model._lora_config
-    layers = lora_layers(model)
-    if config.experts is not None:
-        return None, "routed experts (H-LoRA) are not a PEFT LoRA"
+    config = _configs(model)[adapter]
+    layers = {name: layer for name, layer in lora_layers(model).items() if adapter in layer.adapters}
+    if config.kind != "lora":
+        return None, f"routed experts ({config.kind}) are not a PEFT LoRA"
     for name, layer in layers.items():
         base = layer.base_layer
         if isinstance(base, (nn.Conv1d, nn.Conv2d)) and (set(base.dilation) != {1} or base.padding_mode != "zeros"):
             return None, f"'{name}' is a convolution with dilation or a padding mode, which PEFT's LoRA leaves out"
-    modules_to_save, why_not = _whole_modules(model)
+    modules_to_save, why_not = _whole_modules(model, adapter)
+    ranks = {name: layer.adapters[adapter].rank for name, layer in layers.items()}
     if why_not:
         return None, why_not
     return {
@@ -369,7 +502,7 @@ def peft_config_of(model: nn.Module) -> tuple[dict | None, str]:
         "lora_alpha": config.alpha,
         "lora_dropout": config.dropout,
         "target_modules": "^(?:" + "|".join(re.escape(name) for name in layers) + ")$",
-        "rank_pattern": {"^" + re.escape(n): layer.rank for n, layer in layers.items() if layer.rank != config.rank},
+        "rank_pattern": {"^" + re.escape(n): r for n, r in ranks.items() if r != config.rank},
         "alpha_pattern": {},
         "modules_to_save": modules_to_save or None,
         "bias": "none",
@@ -380,10 +513,9 @@ def peft_config_of(model: nn.Module) -> tuple[dict | None, str]:
     }, ""
 
 
-def _whole_modules(model: nn.Module) -> tuple[list[str], str]:
+def _whole_modules(model: nn.Module, adapter: str) -> tuple[list[str], str]:
     """The parameters trained in full as PEFT's ``modules_to_save`` (maximal whole modules), or why they are not."""
-    adapter = {id(p) for p in adapter_parameters(model)}
-    full = {id(p) for p in adapter_state(model).values()} - adapter
+    full = {id(p) for p in adapter_state(model, adapter).values()} - {id(p) for p in adapter_parameters(model)}
     layers = list(lora_layers(model))
     chosen: list[str] = []
     covered: set[int] = set()
