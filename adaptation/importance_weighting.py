@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 from workbench.adaptation.source_weighting import WeightedSourceLoss
+from workbench.adaptation.task_needs import InputVectors, PerSampleLosses, SampleIds
 
 from workbench.errors import UserError
 from workbench.options import Option
@@ -40,7 +41,7 @@ class ImportanceWeighting(WeightedSourceLoss):
     """Base class: source losses weighted by an estimated density ratio p_target(x) / p_source(x)."""
 
     options = (Option("clip", float, 10.0, "largest weight, in units of the mean weight"),)
-    needs_task = ("target_pool", "sample_inputs", "sample_losses", "sample_ids")
+    needs_task = ("target_pool", InputVectors, PerSampleLosses, SampleIds)
 
     def make_estimator(self, seed: int, device: torch.device) -> Any:
         """A density-ratio estimator with ``fit(x_numerator, x_denominator)`` and ``ratio(x)``; one written in

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 from workbench.adaptation.source_weighting import WeightedSourceLoss
+from workbench.adaptation.task_needs import ClassLabels, PerSampleLosses, SampleIds
 
 from workbench.errors import UserError
 from workbench.registry import methods
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 class OracleClassWeights(WeightedSourceLoss):
     name = "oracle"
     description = "Oracle weights (reference only): 1 on the source classes the target holds, 0 on the others"
-    needs_task = ("sample_losses", "sample_ids", "class_labels")
+    needs_task = (PerSampleLosses, SampleIds, ClassLabels)
 
     def check(self, task: "Task", data: "TaskData", model: nn.Module) -> None:
         super().check(task, data, model)

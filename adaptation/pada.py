@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 from workbench.adaptation.source_weighting import WeightedSourceLoss
+from workbench.adaptation.task_needs import ClassLabels, Embeddings, PerSampleLosses, SampleIds
 
 from workbench.method import PlanInputs, Stage
 from workbench.registry import methods
@@ -41,7 +42,7 @@ def target_class_weights(task: "Task", model: nn.Module, target_samples, device:
 class PADAWeights(WeightedSourceLoss):
     name = "pada"
     description = "PADA/BA3US class weights: source classes weighted by the target's mean predicted probability"
-    needs_task = ("target_pool", "embed", "class_labels", "sample_losses", "sample_ids")
+    needs_task = ("target_pool", Embeddings, ClassLabels, PerSampleLosses, SampleIds)
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         super().setup(task, model, data, seed)

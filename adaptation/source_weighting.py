@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch import nn
+from workbench.adaptation.task_needs import PerSampleLosses, SampleIds
 
 from workbench.method import Method
 
@@ -29,7 +30,7 @@ class WeightedSourceLoss(Method):
 
     #: Weight validation losses too (importance-weighted validation); otherwise validation is unweighted.
     weighted_validation = True
-    needs_task = ("sample_losses", "sample_ids")
+    needs_task = (PerSampleLosses, SampleIds)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         return model.requires_grad_(True)

@@ -71,6 +71,7 @@ import numpy as np
 import torch
 from torch import nn
 from workbench.adaptation.source_weighting import effective_sample_share, outlier_weight_share
+from workbench.adaptation.task_needs import ClassLabels, Embeddings, PerSampleLosses
 
 from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
@@ -510,7 +511,7 @@ class Warmpot(Method):
 
     name = "warmpot"
     description = "WARMPOT: partial-OT source weights + partial-Wasserstein feature alignment (partial DA)"
-    needs_task = ("target_pool", "embed", "class_labels", "sample_losses")
+    needs_task = ("target_pool", Embeddings, ClassLabels, PerSampleLosses)
     options = (
         Option("mass", float, 0.4, "transported mass α, below the share of source samples of shared classes"),
         Option("mass_start", float, 0.01, "mass at the first epoch (annealed up to --mass)"),

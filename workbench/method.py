@@ -103,9 +103,9 @@ class Method:
     #: What the model must declare (`workbench.model.NEEDS`: ``head``, ``adapter_target_groups``, ``embedding``,
     #: ``signal``).
     needs_model: ClassVar[tuple[str, ...]] = ()
-    #: What the task must offer: names of `workbench.task.CAPABILITIES` (``sample_ids``, ``target_pool``, ...), and
-    #: ``typing.Protocol`` classes (``runtime_checkable``) that the method defines in its own module for what only
-    #: it needs (the first line of the protocol's docstring says what, for the refusal).
+    #: What the task must offer: names of `workbench.task.CAPABILITIES` (``target_pool``, ``predict``), and
+    #: ``typing.Protocol`` classes (``runtime_checkable``) that the methods define in their own package (the first
+    #: line of the protocol's docstring says what, for the refusal).
     needs_task: ClassVar[tuple[Any, ...]] = ()
 
     def __init__(self, **options: Any):
@@ -127,8 +127,12 @@ class Method:
             )
         for need in self.needs_task:
             if not isinstance(need, str) and not isinstance(task, need):
-                what = (need.__doc__ or need.__name__).strip().splitlines()[0]
-                raise UserError(f"method '{self.name}' needs {what[0].lower() + what[1:]} (task '{task.name}' is not)")
+                what = (need.__doc__ or need.__name__).strip().splitlines()[0].rstrip(".")
+                lacking = [name for name in dir(need) if not name.startswith("_") and not hasattr(task, name)]
+                raise UserError(
+                    f"method '{self.name}' needs {what[0].lower() + what[1:]}; task '{task.name}' has no "
+                    f"{', '.join(lacking)}"
+                )
         if "target_pool" in self.needs_task and not data.target:
             raise UserError(f"method '{self.name}' needs unlabelled target samples; task '{task.name}' has none here")
 

@@ -3,8 +3,9 @@
 A task (in ``domains/<domain>/``) knows how to read its data (the real layout and the embedded
 default), its splits, its loss and metrics, its default model (a name in the models registry) and method,
 and its data card. The run (`workbench.run`) calls the hooks below in order; the core never looks inside the
-samples. What a task offers beyond the required hooks it declares in ``capabilities`` (`CAPABILITIES`), and
-methods that need a capability are refused before the run directory appears.
+samples. What a task offers beyond the required hooks that the engine uses it declares in ``capabilities``
+(`CAPABILITIES`); what a method needs beyond these is a protocol beside the method (`workbench.method.Method.
+needs_task`); methods that need what a task lacks are refused before the run directory appears.
 """
 
 from __future__ import annotations
@@ -24,13 +25,9 @@ from workbench.paths import ALLOW_PATHS_OUTSIDE
 from workbench.records import ON_BAD_RECORD, SkipReport
 from workbench.registry import models
 
-#: What a task may offer beyond the required hooks, and the hooks that offer it.
+#: What a task may offer beyond the required hooks that the engine itself uses. What a method needs from a task
+#: beyond these is a ``typing.Protocol`` in the method's package (`workbench.method.Method.needs_task`).
 CAPABILITIES = {
-    "sample_losses": "per-sample training losses (`Task.sample_losses`)",
-    "sample_ids": "sample ids to look weights up by (`Task.batch_ids`, `Task.sample_ids`)",
-    "sample_inputs": "input vectors for density-ratio estimation (`Task.sample_inputs`)",
-    "class_labels": "class labels of a batch (`Task.batch_labels`)",
-    "embed": "features and class logits of a batch (`Task.embed`)",
     "target_pool": "unlabelled target samples (`TaskData.target`)",
     "predict": "batch prediction of a folder of inputs (`Task.predict_folder`, ``workbench predict``)",
 }
@@ -216,33 +213,6 @@ class Task:
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         """Write the domain's plots into ``out_dir``; returns (caption, file name) pairs."""
         return []
-
-    # -- hooks for shift-correction methods (sample weights, feature alignment) -------------------
-    def sample_losses(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """Per-sample training losses, shape (batch,); the mean is ``loss``."""
-        raise UserError(f"task '{self.name}' does not give per-sample losses: sample-weighting methods do not fit it")
-
-    def embed(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(features (batch, d), class logits (batch, n_classes)) of a batch, with gradients."""
-        raise UserError(
-            f"task '{self.name}' does not expose features and class logits: alignment methods do not fit it"
-        )
-
-    def batch_labels(self, batch: Any) -> torch.Tensor:
-        """Class labels of a labelled batch, shape (batch,), int64."""
-        raise UserError(f"task '{self.name}' has no class labels")
-
-    def batch_ids(self, batch: Any) -> torch.Tensor:
-        """Ids of a batch's samples (int64, unique within a run), to look up per-sample weights."""
-        raise UserError(f"task '{self.name}' does not number its samples: sample-weighting methods do not fit it")
-
-    def sample_ids(self, samples: Sequence[Any]) -> np.ndarray:
-        """Ids (int64) of samples, as ``batch_ids`` gives them."""
-        raise UserError(f"task '{self.name}' does not number its samples: sample-weighting methods do not fit it")
-
-    def sample_inputs(self, samples: Sequence[Any]) -> np.ndarray:
-        """Input vectors (n, d) of samples, for density-ratio estimation in input space."""
-        raise UserError(f"task '{self.name}' has no input vectors: density-ratio weighting does not fit it")
 
     # -- batch prediction (``workbench predict``) ---------------------------------------------------
     def predict_folder(self, model: nn.Module, folder: Path, state: Mapping[str, Any]) -> "Predictions":

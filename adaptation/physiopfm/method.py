@@ -46,6 +46,7 @@ from workbench.adaptation.physiopfm.bank import (
 )
 from workbench.adaptation.physiopfm.descriptors import DESCRIPTOR_KINDS, class_prototypes, task_descriptor
 from workbench.adaptation.physiopfm.etf import EtfHead
+from workbench.adaptation.task_needs import ClassLabels, InputVectors
 
 from workbench.checkpoint import save_tensors, write_json
 from workbench.errors import UserError
@@ -76,7 +77,7 @@ class _BankMethod(Method):
 
     model_families = ()
     needs_model = ("head", "adapter_target_groups")
-    needs_task = ("sample_inputs", "class_labels", LoraBank)
+    needs_task = (InputVectors, ClassLabels, LoraBank)
     options = (
         Option("bank", str, "", "a bank file (default: the task's shipped bank)"),
         Option("bank_sites", str, "", "comma-separated bank sites to use (default: every site but the target's)"),
@@ -318,7 +319,7 @@ class LocalEtfLoRA(_BankMethod):
     name = "physiopfm-local"
     description = "PhysioPFM's upper bound: the same rank-4 LoRA and ETF head trained by backprop at the site"
     learning_rate = 5e-3
-    needs_task = ("class_labels", LoraBank)  # measured where PhysioPFM is: tasks with a bank
+    needs_task = (ClassLabels, LoraBank)  # measured where PhysioPFM is: tasks with a bank
     options = ()
 
     def check(self, task: "Task", data: "TaskData", model: nn.Module) -> None:

@@ -119,7 +119,7 @@ class PtbXl(Task):
     extra = "ecg"
     default_model = "ecg"
     default_method = "htuning"
-    capabilities = frozenset({"sample_losses", "predict"})
+    capabilities = frozenset({"predict"})
     #: ``distill`` learns from the model the chosen method adapted (a 12-lead student; ``--n-leads`` 3 or 1).
     baselines = ("full", "lora", "distill")
     metrics = ("macro_auroc", "macro_average_precision", "macro_f1")

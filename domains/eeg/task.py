@@ -172,7 +172,7 @@ class EegTask(Task):
     extra = "eeg"
     default_model = "labram"
     default_method = "lora"
-    capabilities = frozenset({"sample_losses", "class_labels", "predict"})
+    capabilities = frozenset({"predict"})
     precisions = ("float32", "bf16", "fp16")  # bf16 / fp16: mixed-precision training steps
     #: The shipped LaBraM backbone adapted when no --model is given (`workbench.domains.eeg.pretrain` makes it).
     pretrained: ClassVar[Path | None] = None

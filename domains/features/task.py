@@ -73,7 +73,7 @@ class FeatureShift(Task):
     extra = "shift"
     default_model = "mlp"
     default_method = "warmpot"
-    capabilities = frozenset({"sample_losses", "sample_ids", "sample_inputs", "class_labels", "embed", "target_pool"})
+    capabilities = frozenset({"target_pool"})
     baselines = ("pada", "full", "oracle")
     metrics = ("accuracy", "balanced_accuracy", "macro_f1")
     metrics_note = (

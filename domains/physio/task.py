@@ -137,7 +137,7 @@ class Physio(Task):
     extra = "physio"
     default_model = "patch-gpt"
     default_method = "physiopfm"
-    capabilities = frozenset({"sample_losses", "class_labels", "predict", "sample_inputs"})
+    capabilities = frozenset({"predict"})
     baselines = ("full", "readout")
     metrics = ("balanced_accuracy", "accuracy", "macro_f1", "cohen_kappa") + tuple(f"recall_{c}" for c in CLASSES)
     metrics_note = (
