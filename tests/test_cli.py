@@ -28,7 +28,7 @@ def workbench(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def test_help_and_list():
     help_text = workbench("adapt", "--help").stdout
-    assert "examples (every task" in help_text and "workbench adapt --domain rmd17" in help_text  # a task's own
+    assert "examples (every task" in help_text and "workbench adapt --domain TASK --help" in help_text
     listing = workbench("list").stdout
     for name in ("rmd17", "mace", "elora", "full", "readout", "mace-lora", "card: rmd17-embedded"):
         assert name in listing
@@ -236,15 +236,15 @@ def test_unknown_names_and_options():
         (
             "rmd17",
             "htuning",
-            "method 'htuning' needs LoRA target groups; the mace model (ScaleShiftMACE) declares none",
+            "method 'htuning' needs adapter target groups; the mace model (ScaleShiftMACE) declares none",
         ),
         (
             "rmd17",
             "homophily",
             "method 'homophily' adapts gnn models; this model (ScaleShiftMACE) is of the mace family",
         ),
-        ("ptbxl", "warmpot", "method 'warmpot' needs a task that offers target_pool, embed, class_labels"),
-        ("csbm", "pada", "method 'pada' needs a task that offers embed, class_labels, sample_losses, sample_ids"),
+        ("ptbxl", "warmpot", "method 'warmpot' needs a task that offers target_pool; task 'ptbxl' offers predict"),
+        ("csbm", "pada", "method 'pada' needs a task that exposes a batch's features and class logits"),
     ],
 )
 def test_a_method_that_does_not_fit_the_task_is_refused_before_the_run_directory(domain, method, message, tmp_path):

@@ -10,7 +10,9 @@ import argparse
 import dataclasses
 import importlib.util
 import logging
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,52 +33,70 @@ EXAMPLES = """examples (every task: workbench list):
 
 
 def _examples(chosen: dict[str, list[str]] | None) -> str:
-    """The engine's examples, then each registered task's own (`workbench.task.Task.examples`): every task's for
-    help (``chosen`` None), none otherwise."""
+    """The engine's examples, then the chosen task's own (`workbench.task.Task.examples`)."""
     from workbench.registry import tasks
 
     lines = [EXAMPLES.rstrip("\n")]
-    for name, cls in tasks.items() if chosen is None else ():
-        lines += [f"  {example}" for example in cls.examples]
+    for name in (chosen or {}).get("task", []):
+        lines += [f"  {example}" for example in tasks.get(name).examples]
     return "\n".join(lines) + "\n"
 
 
-#: Where each kind of plug-in option is declared: (registry, class attribute).
+#: Where each kind of plug-in option is declared: (registry, class attribute, how messages name its owner).
 _OPTION_KINDS = {
-    "task": ("tasks", "options"),
-    "method": ("methods", "options"),
-    "generate": ("tasks", "generate_options"),
+    "task": ("tasks", "options", "task"),
+    "method": ("methods", "options", "method"),
+    "generate": ("tasks", "generate_options", "the data generator of task"),
 }
 
 
-def _plugin_options(kinds: Sequence[str], chosen: dict[str, list[str]] | None) -> dict[str, tuple[Any, list[str]]]:
-    """Every option declared by the registered plug-ins of some kinds (only the ``chosen`` ones of each kind, unless
-    it is None): name -> (Option, owners as "KIND NAME")."""
+def _metavar(option: Any) -> str | None:
+    """What ``--help`` shows after an option's flag: its choices (argparse's ``{a,b}``) or its type."""
+    if option.choices is not None:
+        return None
+    return {int: "INT", float: "FLOAT", str: "TEXT"}.get(option.type, "VALUE")
+
+
+def _with_default(text: str, default: Any) -> str:
+    """An option's help with its default appended, unless the text already says it or there is none to say."""
+    if "(default" in text or default is None or default == "" or default is False:
+        return text
+    return f"{text} (default: {default})"
+
+
+def _add_plugin_options(
+    parser: argparse.ArgumentParser,
+    chosen: dict[str, list[str]] | None,
+    *kinds: str,
+    defaults: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """One group per chosen plug-in of ``kinds`` (None: every registered one), each option with the plug-in's own
+    text and default (``defaults``: kind -> the values a run would take, `_adapt_defaults`). A name a second plug-in
+    also declares keeps the first one's flag; which plug-in takes it is decided when parsing (`_given_options`)."""
     from workbench import registry
 
-    found: dict[str, tuple[Any, list[str]]] = {}
+    added: dict[str, str] = {}
     for kind in kinds:
-        plugins, attribute = _OPTION_KINDS[kind]
+        plugins, attribute, label = _OPTION_KINDS[kind]
         known = getattr(registry, plugins)
         pairs = known.items() if chosen is None else [(name, known.get(name)) for name in chosen.get(kind, [])]
         for name, cls in pairs:
-            for option in getattr(cls, attribute):
-                found.setdefault(option.name, (option, []))[1].append(f"{kind} {name}")
-    return found
-
-
-def _add_plugin_options(parser: argparse.ArgumentParser, chosen: dict[str, list[str]] | None, *kinds: str) -> None:
-    """One flag per option name of the plug-ins of ``kinds`` (a task and a method may declare the same name: the
-    flag then goes to whichever of the two chosen ones declares it, see `_given_options`)."""
-    group = parser.add_argument_group("plug-in options (each applies to the plug-ins named)")
-    for name, (option, owners) in sorted(_plugin_options(kinds, chosen).items()):
-        default = f"default {option.default}" if len(owners) == 1 else "default: the plug-in's own"
-        text = f"[{', '.join(owners)}] {option.help} ({default})"
-        if option.type is bool:  # a switch: present means True
-            group.add_argument(option.flag, dest=f"opt_{name}", action="store_const", const=True, help=text)
-        else:
-            choices = option.choices if len(owners) == 1 else None  # each owner checks its own choices
-            group.add_argument(option.flag, dest=f"opt_{name}", type=option.type, choices=choices, help=text)
+            declared = getattr(cls, attribute)
+            if not declared:
+                continue
+            group = parser.add_argument_group(f"options of {label} {name}")
+            for option in declared:
+                if option.name in added:
+                    continue  # e.g. a task and its method declaring one name: said once, set in Python
+                added[option.name] = f"{label} {name}"
+                default = (defaults or {}).get(kind, {}).get(option.name, option.default)
+                text = _with_default(option.help, default)
+                if option.type is bool:  # a switch: present means True
+                    group.add_argument(option.flag, dest=f"opt_{option.name}", action="store_const", const=True,
+                                       help=text)  # fmt: skip
+                else:
+                    group.add_argument(option.flag, dest=f"opt_{option.name}", type=option.type,
+                                       choices=option.choices, metavar=_metavar(option), help=text)  # fmt: skip
 
 
 def _given_options(args: argparse.Namespace, owners: dict[str, tuple[str, Sequence[Any]]]) -> dict[str, dict]:
@@ -86,7 +106,7 @@ def _given_options(args: argparse.Namespace, owners: dict[str, tuple[str, Sequen
 
     given = {key[4:]: value for key, value in vars(args).items() if key.startswith("opt_") and value is not None}
     split: dict[str, dict] = {kind: {} for kind in owners}
-    label = {"task": "task", "method": "method", "generate": "the data generator of task"}
+    label = {kind: text for kind, (_, _, text) in _OPTION_KINDS.items()}
     for name, value in given.items():
         takers = [kind for kind, (_, declared) in owners.items() if name in {o.name for o in declared}]
         flag = "--" + name.replace("_", "-")
@@ -100,15 +120,13 @@ def _given_options(args: argparse.Namespace, owners: dict[str, tuple[str, Sequen
     return split
 
 
-def _chosen_plugins(argv: Sequence[str]) -> dict[str, list[str]] | None:
-    """The plug-ins a command line uses, by kind (``{"task": [...], "method": [...]}``): only their modules need to
-    be imported to parse it. None when it asks for help or names no task: then every plug-in is loaded."""
+def _chosen_plugins(argv: Sequence[str]) -> dict[str, list[str]]:
+    """The plug-ins a command line names, by kind (``{"task": [...], "method": [...]}``; none when it names no task):
+    only their modules are imported, and only their options are offered and shown by ``--help``."""
     from workbench.registry import tasks
 
     argv = list(argv)
-    if not argv or "-h" in argv or "--help" in argv:
-        return None
-    if argv[0] == "adapt":
+    if argv[:1] == ["adapt"]:
         values = {}
         for index, word in enumerate(argv):
             for flag in ("--domain", "--method"):
@@ -117,32 +135,38 @@ def _chosen_plugins(argv: Sequence[str]) -> dict[str, list[str]] | None:
                 elif word.startswith(flag + "="):
                     values[flag] = word.split("=", 1)[1]
         if "--domain" not in values:
-            return None
+            return {}
         method = values.get("--method") or tasks.get(values["--domain"]).default_method
         return {"task": [values["--domain"]], "method": [method]}
-    if argv[0] == "data":
-        if len(argv) < 3 or argv[2].startswith("-"):
-            return None
+    if argv[:1] == ["data"] and len(argv) >= 3 and not argv[2].startswith("-"):
         return {"task": [argv[2]], "generate": [argv[2]] if argv[1] == "generate" else []}
     return {}
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    """The command line parsed, importing only the plug-ins it names (`_chosen_plugins`); a flag of another
-    plug-in (or a request for help) parses again with every plug-in loaded, for the full help and messages."""
+    """The command line parsed, importing only the plug-ins it names (`_chosen_plugins`); a flag none of them
+    declares is a `UserError` naming them."""
+    from workbench.errors import UserError
+
     chosen = _chosen_plugins(argv)
-    if chosen is not None:
-        try:
-            args, unknown = build_parser(chosen).parse_known_args(argv)
-            if not unknown:
-                return args
-        except SystemExit:
-            pass
-    return build_parser().parse_args(argv)
+    args, unknown = build_parser(chosen).parse_known_args(argv)
+    flags = [word.split("=")[0] for word in unknown if word.startswith("-")]
+    if flags and chosen.get("task"):
+        kinds = [kind for kind in ("task", "method", "generate") if chosen.get(kind)]
+        owners = " or ".join(f"{_OPTION_KINDS[kind][2]} '{chosen[kind][0]}'" for kind in kinds)
+        if "method" in kinds:
+            where = f"workbench adapt --domain {chosen['task'][0]} --method {chosen['method'][0]} --help"
+        else:
+            where = f"workbench {' '.join(argv[:3])} --help"
+        raise UserError(f"{flags[0]} is not an option of {owners} (their options: {where})")
+    if unknown:
+        build_parser(chosen).parse_args(argv)  # argparse's own message for anything else
+    return args
 
 
 def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.ArgumentParser:
-    """The parser of every command, with the options of the ``chosen`` plug-ins (`_chosen_plugins`; None: all)."""
+    """The parser of every command, with the options of the ``chosen`` plug-ins (`_chosen_plugins`; None: every
+    registered plug-in's, for checking documented command lines)."""
     examples = _examples(chosen)
     parser = argparse.ArgumentParser(
         prog="workbench",
@@ -154,24 +178,32 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
 
     commands.add_parser("list", help="registered tasks, models and methods, with their data cards")
 
+    task = chosen["task"][0] if chosen and chosen.get("method") else None  # an adapt command naming its task
+    defaults = _adapt_defaults(task, chosen["method"][0]) if task else {}
     adapt = commands.add_parser(
         "adapt",
         help="adapt a pretrained model (chosen method + baselines)",
+        usage="workbench adapt --domain TASK [--method METHOD] [options]",
+        description=_adapt_description(task, defaults),
         epilog=examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    run_flags = adapt.add_argument_group("run options" + (f" (defaults: task {task}'s)" if task else ""))
     for parameter in RunRequest.parameters():
         meta = parameter.metadata
         flag = meta["flag"] or "--" + parameter.name.replace("_", "-")
         if parameter.type in ("bool", bool):
-            adapt.add_argument(flag, dest=parameter.name, action="store_true", help=meta["help"])
-        else:
-            default = parameter.default if parameter.default not in (None, dataclasses.MISSING) else None
-            suffix = f" (default {default})" if default is not None else ""
-            adapt.add_argument(flag, dest=parameter.name, help=meta["help"] + suffix, **meta["argparse"])
-    adapt.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
-    adapt.add_argument("--quiet", action="store_true", help="no progress bars or table")
-    _add_plugin_options(adapt, chosen, "task", "method")
+            run_flags.add_argument(flag, dest=parameter.name, action="store_true", help=meta["help"])
+            continue
+        text = meta["help"]
+        if parameter.name in defaults:
+            text = _with_default(_without_default(text), defaults[parameter.name])
+        elif parameter.default is not dataclasses.MISSING:
+            text = _with_default(text, "the task's" if parameter.default is None else parameter.default)
+        run_flags.add_argument(flag, dest=parameter.name, help=text, **meta["argparse"])
+    run_flags.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
+    run_flags.add_argument("--quiet", action="store_true", help="no progress bars or table")
+    _add_plugin_options(adapt, chosen, "task", "method", defaults=defaults.get("options"))
 
     evaluate = commands.add_parser("evaluate", help="re-score a finished run on other data")
     evaluate.add_argument("--run", required=True, help="run directory")
@@ -216,37 +248,149 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     return parser
 
 
+def _without_default(text: str) -> str:
+    """A run flag's help without its "(default: ...)" remark (nested brackets included), for a stated value."""
+    start = text.find(" (default")
+    if start < 0:
+        return text
+    depth, end = 0, start + 1
+    for end in range(start + 1, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[end], 0)
+        if depth == 0:
+            break
+    return text[:start] + text[end + 1 :]
+
+
+def _adapt_defaults(task: str, method: str) -> dict[str, Any]:
+    """What ``workbench adapt --domain task --method method`` would take for every flag left out (`resolve_config`,
+    so the help cannot drift from a run): run flag name -> value, and ``options``: kind -> plug-in option values."""
+    from workbench.config import resolve_config
+    from workbench.registry import methods, tasks
+
+    config, _ = resolve_config(RunRequest(domain=task, method=method, out="-"))
+    task_cls = tasks.get(task)
+    learning_rate = config.learning_rate or f"{config.method}'s own, {methods.get(config.method).learning_rate:g}"
+    return {
+        "method": config.method,
+        "baselines": ", ".join(map(str, config.baselines)) or "none",
+        "data": f"the embedded data, card {task_cls.card}",
+        "model": task_cls.default_model,
+        "out": f"runs/{task}-{config.method}-<date>-<time>",
+        **{name: getattr(config, name) for name in ("epochs", "train_size", "val_size", "batch_size", "patience")},
+        "learning_rate": learning_rate,
+        "precision": f"{config.precision}; this task offers {', '.join(task_cls.precisions)}",
+        "options": {"task": config.task_options, "method": config.method_options},
+    }
+
+
+def _adapt_description(task: str | None, defaults: dict[str, Any]) -> str:
+    """What ``adapt --help`` says above its flags: how to see a task's options, or the chosen task's methods."""
+    if task is None:
+        return (
+            "Every task and method: workbench list. A task's options, its default method's and the real defaults:\n"
+            "  workbench adapt --domain TASK --help\n  workbench adapt --domain TASK --method METHOD --help"
+        )
+    from workbench.registry import tasks
+
+    task_cls = tasks.get(task)
+    method = defaults["method"]
+    others = [name for name in dict.fromkeys([task_cls.default_method, *task_cls.baselines]) if name != method]
+    others = [name.split("@")[0] for name in others]
+    lines = [
+        f"Task {task}: {task_cls.description}",
+        f"Below: the run options, the options of task {task} and those of method {method} (the task's default "
+        f"method: {task_cls.default_method}; baselines run beside it: {defaults['baselines']}).",
+        f"Other methods of this task: {', '.join(dict.fromkeys(others)) or 'none'}; every method: workbench list.",
+        f"A method's options: workbench adapt --domain {task} --method METHOD --help",
+    ]
+    return "\n".join(textwrap.fill(line, _width(), subsequent_indent="  ") for line in lines)
+
+
+def _width() -> int:
+    """Columns to wrap help and listings to: the terminal's (80 when not a terminal), as argparse does."""
+    return shutil.get_terminal_size().columns - 2
+
+
 def _add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads (default: chosen at start, see workbench.threads)")
 
 
+#: The distribution whose extras install the optional libraries (pyproject.toml).
+DISTRIBUTION = "sciadapt-workbench"
+
+
+def _install_command(extra: str) -> str:
+    return f'pip install "{DISTRIBUTION}[{extra}]"'
+
+
+def _extra_of(error: str) -> str | None:
+    """The extra of this distribution that installs the module an import error names (None: not a missing
+    module, or none of the extras installs it)."""
+    import re
+    from importlib.metadata import PackageNotFoundError, requires
+
+    missing = re.search(r"No module named '([^'.]+)", error)
+    if missing is None:
+        return None
+    try:
+        requirements = requires(DISTRIBUTION) or []
+    except PackageNotFoundError:
+        return None
+    module = missing.group(1).lower().replace("_", "-")
+    for requirement in requirements:
+        name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+        extra = re.search(r"""extra == ['"]([^'"]+)""", requirement)
+        if extra and (name == module or name.startswith(module + "-")):
+            return extra.group(1)
+    return None
+
+
 def _list() -> str:
+    """Every registered task, model and method in aligned columns (names, then descriptions wrapped beside them),
+    with data cards; plug-ins that cannot be loaded last, each with the command that installs what it lacks."""
     from workbench.datacard import load_card
     from workbench.registry import methods, models, tasks
 
-    def card_line(name: str | None, label: str = "card") -> str:
-        return f"\n{'':14}{label}: {name} — {load_card(name).title}" if name else ""
+    registries = (("tasks", tasks), ("models", models), ("methods", methods))
+    entries = {kind: registry.items() for kind, registry in registries}
+    names = [name for items in entries.values() for name, _ in items]
+    indent = 2 + max(map(len, names), default=0) + 2
+    width = max(_width(), indent + 30)
+
+    def row(name: str, *texts: str) -> list[str]:
+        """A name in the first column (on a line of its own when it would reach the second), texts beside it."""
+        lines = [f"  {name}"] if 2 + len(name) + 2 > indent else []
+        for index, text in enumerate(texts):
+            first = f"  {name}".ljust(indent) if index == 0 and not lines else " " * indent
+            lines += textwrap.wrap(text, width, initial_indent=first, subsequent_indent=" " * (indent + 2))
+        return lines
+
+    def card(name: str | None, label: str = "card") -> list[str]:
+        return [f"{label}: {name} — {load_card(name).title}"] if name else []
 
     lines = ["tasks:"]
-    for name, cls in tasks.items():
-        reads = "".join(card_line(card, "also reads") for card in cls.reads)
+    for name, cls in entries["tasks"]:
         missing = [package for package in cls.requires if importlib.util.find_spec(package) is None]
-        needs = f' [not installed: pip install -e ".[{cls.extra}]"]' if missing else ""
-        precisions = f"\n{'':14}--precision: {' '.join(cls.precisions)}"
-        lines.append(f"  {name:12}{cls.description}{needs}{card_line(cls.card)}{reads}{precisions}")
+        needs = [f"not installed: {_install_command(cls.extra)}"] if missing else []
+        reads = [text for read in cls.reads for text in card(read, "also reads")]
+        lines += row(name, cls.description, *needs, *card(cls.card), *reads, f"--precision: {' '.join(cls.precisions)}")
     lines += ["models:"]
-    lines += [f"  {name:12}{cls.description}{card_line(cls.card)}" for name, cls in models.items()]
+    for name, cls in entries["models"]:
+        lines += row(name, cls.description, *card(cls.card))
     lines += ["methods:"]
-    lines += [f"  {name:15}{cls.description}" for name, cls in methods.items()]
-    missing = [
-        (kind, name, why)
-        for kind, r in (("task", tasks), ("model", models), ("method", methods))
-        for name, why in sorted(r.unavailable.items())
-        if name not in r.names()
+    for name, cls in entries["methods"]:
+        lines += row(name, cls.description)
+    unavailable = [
+        (kind[:-1], name, why)
+        for kind, registry in registries
+        for name, why in sorted(registry.unavailable.items())
+        if name not in registry.names()
     ]
-    if missing:
-        lines += ["not installed (their extra is missing):"]
-        lines += [f"  {kind} {name}: {why}" for kind, name, why in missing]
+    if unavailable:
+        lines += ["not loaded (an optional library is missing or broken):"]
+        for kind, name, why in unavailable:
+            extra = _extra_of(why)
+            lines += row(f"{kind} {name}", f"not installed: {_install_command(extra)}" if extra else why)
     return "\n".join(lines)
 
 

@@ -31,6 +31,13 @@ MEMORY_NOTE = (
 )
 
 
+#: How the report counts epochs (metrics.json keeps the trainer's indices).
+EPOCHS_NOTE = (
+    "Epochs are counted from 1 here and on the console; metrics.json's history (`epoch`) and `best_epoch` "
+    "number them from 0."
+)
+
+
 def _megabytes(cost: Mapping[str, Any]) -> str:
     """Peak tensor memory of one training step of a method [MiB] ("-" when it takes no step)."""
     step = cost.get("training_step_bytes")
@@ -39,7 +46,7 @@ def _megabytes(cost: Mapping[str, Any]) -> str:
 
 def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
     """A fixed-width before/after table for the terminal."""
-    header = ["model", *metric_names, "trainable", "s/epoch", "step MiB", "epochs"]
+    header = ["model", *metric_names, "trainable params", "s/epoch", "step MiB", "epochs run"]
     lines = []
     for label, values, cost in _rows(metrics):
         lines.append(
@@ -92,7 +99,7 @@ def learning_curves(
         axis.plot(epochs, [h["train_loss"] for h in result["history"]], color=color, ls=":", alpha=0.7)
         axis.plot([result["best_epoch"] + 1], [result["history"][result["best_epoch"]]["val_loss"]], "o", color=color)
     axis.set_yscale("log")
-    axis.set_xlabel("epoch")
+    axis.set_xlabel("epoch (from 1)")
     axis.set_ylabel("loss (dotted: training)")
     if axis.lines:
         axis.legend(fontsize=8)
@@ -110,7 +117,8 @@ def markdown(
     metrics_note: str = "Errors are on the test split; lower is better.",
 ) -> str:
     """The run's ``report.md``: what was run, the table, the plots, the configuration."""
-    header = "| model | " + " | ".join(metric_names) + " | trainable params | s/epoch | step MiB | epochs (best) |"
+    columns = [*metric_names, "trainable params", "s/epoch", "step MiB", "epochs run (best, from 1)"]
+    header = "| model | " + " | ".join(columns) + " |"
     lines = [
         f"# {config.task}: {config.method} vs {', '.join(map(str, config.baselines)) or 'no baselines'}",
         "",
@@ -128,7 +136,7 @@ def markdown(
                 f"{cost['epochs']} ({cost['best_epoch'] + 1})"
             )
         lines.append(f"| {label} | " + " | ".join(_value(values, m, ".3f") for m in metric_names) + f" | {extra} |")
-    lines += ["", metrics_note, "", MEMORY_NOTE]
+    lines += ["", metrics_note, "", MEMORY_NOTE, "", EPOCHS_NOTE]
     skipped = metrics.get("skipped_records", {})
     if skipped.get("skipped"):
         lines += ["", "## Skipped records", "", _skipped_line(metrics) + ":", ""]

@@ -324,10 +324,11 @@ class Trainer:
                     save_checkpoint(self.checkpoint_path, self._state(random_states))
             bar.update(1)
             bar.set_postfix(train=f"{train_loss:.4g}", val=f"{val_loss:.4g}")
-            log.debug("%s epoch %d: train %.5g val %.5g (%.2fs)", self.label, epoch, train_loss, val_loss, seconds)
+            log.debug("%s epoch %d: train %.5g val %.5g (%.2fs)", self.label, epoch + 1, train_loss, val_loss, seconds)
         bar.close()
         if self.stopped:
-            log.info("%s: early stop after epoch %d (best %d)", self.label, len(self.history) - 1, self.best["epoch"])
+            best = self.best["epoch"] + 1
+            log.info("%s: early stop after epoch %d (best %d; from 1)", self.label, len(self.history), best)
         if self.best["state"] is not None:
             with torch.no_grad():
                 for name, p in zip(self.names, self.params):
