@@ -144,7 +144,7 @@ class Distill(Method):
             raise UserError(f"method 'distill' distils ECG models (models.ecg); got a {type(model).__name__}")
         self._base = model
         student = ECGStudent(
-            n_leads=self.config["n_leads"], n_classes=architecture["n_classes"], n_samples=architecture["n_samples"]
+            n_chans=self.config["n_leads"], n_outputs=architecture["n_outputs"], n_times=architecture["n_times"]
         )
         return student.to(next(model.parameters()).dtype)
 

@@ -149,7 +149,7 @@ def latency_and_size(batch_sizes: tuple[int, ...], repeats: int) -> dict[str, di
 
     torch.set_num_threads(1)
     models = {"teacher": load_ecg_model(SHIPPED_CHECKPOINT).eval()}
-    models.update({f"student-{n}": ECGStudent(n_leads=n).eval() for n in STUDENT_LEADS})
+    models.update({f"student-{n}": ECGStudent(n_chans=n).eval() for n in STUDENT_LEADS})
     out: dict[str, dict] = {}
     for name, model in models.items():
         n = sum(p.numel() for p in model.parameters())

@@ -23,8 +23,8 @@ vocabulary (leads as ``chs_info``, 100 Hz). Normalisation is GroupNorm/LayerNorm
 forward pass has no running statistics and is deterministic: zeroth-order loss differences then measure the
 parameters' effect alone, and ``train()``/``eval()`` give the same outputs.
 
-Leads: ``n_leads`` is 12, 3 or 1. A reduced-lead model takes either its own leads ``(batch, n_leads, n_samples)``
-or a 12-lead batch, from which it picks `LEAD_SUBSETS[n_leads]`: lead I alone (what single-lead wearables
+Leads: ``n_chans`` is 12, 3 or 1. A reduced-lead model takes either its own leads ``(batch, n_chans, n_times)``
+or a 12-lead batch, from which it picks `LEAD_SUBSETS[n_chans]`: lead I alone (what single-lead wearables
 record), and I, II, V2 — the 3-lead set of the PhysioNet/CinC Challenge 2021 ("Will two do?"), which keeps
 two limb leads (the frontal axis) and one precordial lead (anterior/septal activity).
 
@@ -33,7 +33,7 @@ teacher ``checkpoints/ecg_teacher_small.safetensors`` (card ``data_cards/ecg-tea
 ``ECGEncoder()`` pretrained on site 0 of the embedded synthetic PTB-XL (``workbench pretrain --domain ptbxl``).
 
 Shapes:
-    ecg (batch, n_leads or 12, n_samples) [z-scored, standard deviations] → logits (batch, n_classes)
+    ecg (batch, n_chans or 12, n_times) [z-scored, standard deviations] → logits (batch, n_outputs)
 """
 
 from __future__ import annotations
@@ -62,22 +62,22 @@ LEADS: tuple[str, ...] = ("I", "II", "III", "aVR", "aVL", "aVF", "V1", "V2", "V3
 LEAD_SUBSETS: dict[int, tuple[str, ...]] = {12: LEADS, 3: ("I", "II", "V2"), 1: ("I",)}
 
 
-def lead_indices(n_leads: int) -> tuple[int, ...]:
-    """Positions in the 12-lead order `LEADS` of the leads an ``n_leads`` model reads."""
-    if n_leads not in LEAD_SUBSETS:
-        raise UserError(f"n_leads must be one of {sorted(LEAD_SUBSETS)}, got {n_leads}")
-    return tuple(LEADS.index(name) for name in LEAD_SUBSETS[n_leads])
+def lead_indices(n_chans: int) -> tuple[int, ...]:
+    """Positions in the 12-lead order `LEADS` of the leads an ``n_chans`` model reads."""
+    if n_chans not in LEAD_SUBSETS:
+        raise UserError(f"n_chans must be one of {sorted(LEAD_SUBSETS)}, got {n_chans}")
+    return tuple(LEADS.index(name) for name in LEAD_SUBSETS[n_chans])
 
 
-def select_leads(ecg: torch.Tensor, n_leads: int) -> torch.Tensor:
-    """The ``n_leads`` subset of a 12-lead batch.
+def select_leads(ecg: torch.Tensor, n_chans: int) -> torch.Tensor:
+    """The ``n_chans`` subset of a 12-lead batch.
 
     Shapes:
-        ecg (batch, 12, n_samples) → (batch, n_leads, n_samples)
+        ecg (batch, 12, n_times) → (batch, n_chans, n_times)
     """
     if ecg.ndim != 3 or ecg.shape[1] != len(LEADS):
-        raise UserError(f"select_leads expects ecg (batch, 12, n_samples), got shape {tuple(ecg.shape)}")
-    return ecg[:, list(lead_indices(n_leads))]
+        raise UserError(f"select_leads expects ecg (batch, 12, n_times), got shape {tuple(ecg.shape)}")
+    return ecg[:, list(lead_indices(n_chans))]
 
 
 def sinusoidal_positions(n_tokens: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -167,22 +167,22 @@ class _ECGModel(nn.Module):
             adapter_target_groups=dict(self.adapter_target_groups),
             embedding="features",
             signal=SignalSpec(
-                n_chans=architecture["n_leads"],
-                n_outputs=architecture["n_classes"],
-                n_times=architecture["n_samples"],
+                n_chans=architecture["n_chans"],
+                n_outputs=architecture["n_outputs"],
+                n_times=architecture["n_times"],
                 sfreq=100.0,
-                chs_info=tuple({"ch_name": lead} for lead in LEAD_SUBSETS[architecture["n_leads"]]),
+                chs_info=tuple({"ch_name": lead} for lead in LEAD_SUBSETS[architecture["n_chans"]]),
             ),
         )
 
     def _check(self, ecg: torch.Tensor) -> torch.Tensor:
-        n_leads = self.architecture["n_leads"]
-        if ecg.ndim != 3 or ecg.shape[1] not in (n_leads, len(LEADS)):
+        n_chans = self.architecture["n_chans"]
+        if ecg.ndim != 3 or ecg.shape[1] not in (n_chans, len(LEADS)):
             raise UserError(
-                f"{type(self).__name__} expects ecg (batch, {n_leads} or 12 leads, n_samples), "
+                f"{type(self).__name__} expects ecg (batch, {n_chans} or 12 leads, n_times), "
                 f"got shape {tuple(ecg.shape)}"
             )
-        return select_leads(ecg, n_leads) if ecg.shape[1] != n_leads else ecg
+        return select_leads(ecg, n_chans) if ecg.shape[1] != n_chans else ecg
 
     def tokens(self, ecg: torch.Tensor) -> torch.Tensor:
         """Token sequence after the transformer layers ``(batch, n_tokens, width)``."""
@@ -193,7 +193,7 @@ class _ECGModel(nn.Module):
         return self.norm(h)
 
     def forward(self, ecg: torch.Tensor) -> torch.Tensor:
-        """Class logits ``(batch, n_classes)`` (multi-label: one sigmoid per class)."""
+        """Class logits ``(batch, n_outputs)`` (multi-label: one sigmoid per class)."""
         return self.classifier(self.features(ecg))
 
 
@@ -201,9 +201,9 @@ class ECGEncoder(_ECGModel):
     """Teacher: conv stem → ``n_layers`` transformer layers → mean pooling → ``hidden`` → ``classifier``.
 
     Args:
-        n_leads: 12, 3 or 1 input leads (default 12).
-        n_classes: output logits (default 5: NORM, MI, STTC, CD, HYP).
-        n_samples: record length the model is built for [samples] (default 1000: 10 s at 100 Hz); recorded in
+        n_chans: 12, 3 or 1 input leads (default 12).
+        n_outputs: output logits (default 5: NORM, MI, STTC, CD, HYP).
+        n_times: record length the model is built for [samples] (default 1000: 10 s at 100 Hz); recorded in
             the architecture, other lengths run too (positions are computed, not learned).
         width: token width ``d`` (default 72; ~195k parameters with the other defaults).
         n_layers: transformer layers (default 2).
@@ -212,7 +212,7 @@ class ECGEncoder(_ECGModel):
             shorter, 1000 samples → 63 tokens); the last must equal ``width``.
 
     Shapes:
-        ecg (batch, n_leads or 12, n_samples) → logits (batch, n_classes); features (batch, width)
+        ecg (batch, n_chans or 12, n_times) → logits (batch, n_outputs); features (batch, width)
     """
 
     kind = "ecg_encoder"
@@ -226,37 +226,37 @@ class ECGEncoder(_ECGModel):
 
     def __init__(
         self,
-        n_leads: int = 12,
-        n_classes: int = 5,
-        n_samples: int = 1000,
+        n_chans: int = 12,
+        n_outputs: int = 5,
+        n_times: int = 1000,
         width: int = 72,
         n_layers: int = 2,
         n_heads: int = 4,
         stem_channels: tuple[int, ...] = (32, 64, 72, 72),
     ):
         super().__init__()
-        lead_indices(n_leads)
+        lead_indices(n_chans)
         if not stem_channels or stem_channels[-1] != width:
             raise UserError(f"the last of stem_channels {tuple(stem_channels)} must equal width {width}")
         self.architecture = {
             "kind": self.kind,
-            "n_leads": int(n_leads),
-            "n_classes": int(n_classes),
-            "n_samples": int(n_samples),
+            "n_chans": int(n_chans),
+            "n_outputs": int(n_outputs),
+            "n_times": int(n_times),
             "width": int(width),
             "n_layers": int(n_layers),
             "n_heads": int(n_heads),
             "stem_channels": [int(c) for c in stem_channels],
         }
         kernels = [7] + [5] * (len(stem_channels) - 1)
-        channels = [n_leads, *stem_channels]
+        channels = [n_chans, *stem_channels]
         self.stem = nn.Sequential(
             *(ConvBlock(channels[i], channels[i + 1], kernels[i], 2) for i in range(len(kernels)))
         )
         self.layers = nn.ModuleList(TransformerLayer(width, n_heads, 4 * width) for _ in range(n_layers))
         self.norm = nn.LayerNorm(width)
         self.head_hidden = nn.Linear(width, width)
-        self.classifier = nn.Linear(width, n_classes)
+        self.classifier = nn.Linear(width, n_outputs)
 
     def features(self, ecg: torch.Tensor) -> torch.Tensor:
         """What the last classifier reads: ``GELU(hidden(mean_t tokens))`` ``(batch, width)``."""
@@ -267,16 +267,16 @@ class ECGStudent(_ECGModel):
     """Student: 1–2 conv blocks of stride 4 → one transformer layer → mean pooling → linear ``classifier``.
 
     Args:
-        n_leads: 12, 3 or 1 input leads (default 12).
-        n_classes: output logits (default 5).
-        n_samples: record length the model is built for [samples] (default 1000 at 100 Hz).
+        n_chans: 12, 3 or 1 input leads (default 12).
+        n_outputs: output logits (default 5).
+        n_times: record length the model is built for [samples] (default 1000 at 100 Hz).
         width: token width (default 24; ~8.8k parameters at 12 leads, 22× fewer than the default teacher).
         n_heads: attention heads (default 2).
         stem_channels: output channels of the conv blocks (default (16, 24): 16× shorter); 1 or 2 blocks, the
             last equal to ``width``.
 
     Shapes:
-        ecg (batch, n_leads or 12, n_samples) → logits (batch, n_classes); features (batch, width)
+        ecg (batch, n_chans or 12, n_times) → logits (batch, n_outputs); features (batch, width)
     """
 
     kind = "ecg_student"
@@ -289,34 +289,34 @@ class ECGStudent(_ECGModel):
 
     def __init__(
         self,
-        n_leads: int = 12,
-        n_classes: int = 5,
-        n_samples: int = 1000,
+        n_chans: int = 12,
+        n_outputs: int = 5,
+        n_times: int = 1000,
         width: int = 24,
         n_heads: int = 2,
         stem_channels: tuple[int, ...] = (16, 24),
     ):
         super().__init__()
-        lead_indices(n_leads)
+        lead_indices(n_chans)
         if len(stem_channels) not in (1, 2) or stem_channels[-1] != width:
             raise UserError(f"stem_channels {tuple(stem_channels)}: 1 or 2 blocks, the last equal to width {width}")
         self.architecture = {
             "kind": self.kind,
-            "n_leads": int(n_leads),
-            "n_classes": int(n_classes),
-            "n_samples": int(n_samples),
+            "n_chans": int(n_chans),
+            "n_outputs": int(n_outputs),
+            "n_times": int(n_times),
             "width": int(width),
             "n_heads": int(n_heads),
             "stem_channels": [int(c) for c in stem_channels],
         }
         kernels = [9, 5][: len(stem_channels)]
-        channels = [n_leads, *stem_channels]
+        channels = [n_chans, *stem_channels]
         self.stem = nn.Sequential(
             *(ConvBlock(channels[i], channels[i + 1], kernels[i], 4) for i in range(len(kernels)))
         )
         self.layers = nn.ModuleList([TransformerLayer(width, n_heads, 2 * width)])
         self.norm = nn.LayerNorm(width)
-        self.classifier = nn.Linear(width, n_classes)
+        self.classifier = nn.Linear(width, n_outputs)
 
     def features(self, ecg: torch.Tensor) -> torch.Tensor:
         """Mean-pooled tokens ``(batch, width)``, what the classifier reads."""
@@ -324,14 +324,19 @@ class ECGStudent(_ECGModel):
 
 
 #: Sizes a task may give `ECGFamily.load` to check a checkpoint against.
-ECG_SIZES = ("n_leads", "n_classes", "n_samples")
+ECG_SIZES = ("n_chans", "n_outputs", "n_times")
 
 MODEL_KINDS: dict[str, type[_ECGModel]] = {ECGEncoder.kind: ECGEncoder, ECGStudent.kind: ECGStudent}
 
 
+#: Architecture keys of checkpoints and runs written before the models spoke the signal vocabulary (`SignalSpec`).
+LEGACY_KEYS = {"n_leads": "n_chans", "n_classes": "n_outputs", "n_samples": "n_times"}
+
+
 def build_ecg_model(architecture: Mapping[str, Any]) -> _ECGModel:
-    """The model an architecture dict describes (``kind`` plus the constructor's arguments)."""
-    arguments = dict(architecture)
+    """The model an architecture dict describes (``kind`` plus the constructor's arguments; `LEGACY_KEYS` read as
+    their new names)."""
+    arguments = {LEGACY_KEYS.get(key, key): value for key, value in architecture.items()}
     kind = arguments.pop("kind", None)
     if kind not in MODEL_KINDS:
         raise UserError(f"ECG architecture 'kind' must be one of {sorted(MODEL_KINDS)}, got {kind!r}")
@@ -345,8 +350,8 @@ def save_ecg_model(model: _ECGModel, path: str | Path) -> None:
     adapted = [n for n, m in model.named_modules() if parametrize.is_parametrized(m)]  # (LoRA layers: save_model)
     if adapted:
         raise UserError(
-            f"this ECG model carries adapters ({', '.join(adapted[:3])}); merge them first "
-            "(workbench.adaptation.lora.merge) and save the result"
+            f"this ECG model carries adapters ({', '.join(adapted[:3])}); merge them first (the adapting method's "
+            "merge) and save the result"
         )
     save_model(model, path, model.kind)
 
@@ -357,7 +362,7 @@ def load_ecg_model(path: str | Path) -> _ECGModel:
         path,
         build_ecg_model,
         "an ECG checkpoint",
-        "{'kind': 'ecg_encoder' | 'ecg_student', 'n_leads': int, ...}",
+        "{'kind': 'ecg_encoder' | 'ecg_student', 'n_chans': int, ...}",
     )
 
 
@@ -371,7 +376,7 @@ class ECGFamily(ModelFamily):
 
     def load(self, source=None, *, trust_checkpoint=False, **sizes) -> nn.Module:
         """The checkpoint at ``source`` (the shipped teacher when None) in float32; ``sizes`` it knows
-        (``n_leads``, ``n_classes``, ``n_samples``) must match its architecture, others are not its concern."""
+        (``n_chans``, ``n_outputs``, ``n_times``) must match its architecture, others are not its concern."""
         model = load_ecg_model(SHIPPED_CHECKPOINT if source is None else source).to(torch.float32)
         check_architecture(source or SHIPPED_CHECKPOINT, model.architecture, sizes, ECG_SIZES)
         return model

@@ -24,9 +24,9 @@ from workbench.testing import assert_identity_at_init, assert_merge_equivalent, 
 BCE = F.binary_cross_entropy_with_logits
 
 
-def tiny_encoder(n_leads: int = 12, seed: int = 0, dtype=torch.float64) -> ECGEncoder:
+def tiny_encoder(n_chans: int = 12, seed: int = 0, dtype=torch.float64) -> ECGEncoder:
     torch.manual_seed(seed)
-    model = ECGEncoder(n_leads=n_leads, n_classes=5, n_samples=64, width=8, n_layers=2, n_heads=2, stem_channels=(8, 8))
+    model = ECGEncoder(n_chans=n_chans, n_outputs=5, n_times=64, width=8, n_layers=2, n_heads=2, stem_channels=(8, 8))
     return model.to(dtype)
 
 
@@ -58,15 +58,33 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("n_leads", [1, 3, 12])
 def test_models_take_their_leads_or_twelve(n_leads):
     ecg, _ = tiny_batch(n=3, n_samples=100, dtype=torch.float32)
-    teacher = ECGEncoder(n_leads=n_leads, n_samples=100, width=8, n_heads=2, stem_channels=(8, 8))
-    student = ECGStudent(n_leads=n_leads, n_samples=100, width=8, n_heads=2, stem_channels=(8,))
+    teacher = ECGEncoder(n_chans=n_leads, n_times=100, width=8, n_heads=2, stem_channels=(8, 8))
+    student = ECGStudent(n_chans=n_leads, n_times=100, width=8, n_heads=2, stem_channels=(8,))
     for model in (teacher, student):
         logits = model(ecg)
         assert logits.shape == (3, 5)
         assert torch.allclose(model(select_leads(ecg, n_leads)), logits)
     assert [lead_indices(n) for n in (1, 3)] == [(0,), (0, 1, 7)]  # I; I, II, V2
-    with pytest.raises(UserError, match="n_samples"):
+    with pytest.raises(UserError, match="n_times"):
         student(ecg[:, :2])
+
+
+def test_a_checkpoint_written_with_the_old_size_names_loads(tmp_path):
+    """Before the ECG models spoke the signal vocabulary their architecture said n_leads / n_classes / n_samples."""
+    import json
+
+    from workbench.models.ecg import load_ecg_model, save_ecg_model
+
+    model = tiny_encoder(n_chans=3, dtype=torch.float32)
+    save_ecg_model(model, tmp_path / "m.safetensors")
+    architecture = json.loads((tmp_path / "m.json").read_text())
+    assert {"n_chans", "n_outputs", "n_times"} <= set(architecture)
+    old = {{"n_chans": "n_leads", "n_outputs": "n_classes", "n_times": "n_samples"}.get(k, k): v
+           for k, v in architecture.items()}  # fmt: skip
+    (tmp_path / "m.json").write_text(json.dumps(old))
+    loaded = load_ecg_model(tmp_path / "m.safetensors")
+    ecg, _ = tiny_batch(n=2, dtype=torch.float32)
+    assert loaded.architecture == architecture and torch.equal(loaded(ecg), model(ecg))
 
 
 def test_default_sizes_teacher_and_students():
@@ -74,14 +92,14 @@ def test_default_sizes_teacher_and_students():
     teacher = count(ECGEncoder())
     assert 100_000 <= teacher <= 300_000
     for n_leads in (1, 3, 12):
-        assert teacher / count(ECGStudent(n_leads=n_leads)) >= 19
+        assert teacher / count(ECGStudent(n_chans=n_leads)) >= 19
     tokens = ECGEncoder().stem(torch.zeros(1, 12, 1000))
     assert tokens.shape == (1, 72, 63)
 
 
 def test_save_load_round_trip(tmp_path):
     ecg, _ = tiny_batch(n=2, dtype=torch.float32)
-    for model in (tiny_encoder(n_leads=3, dtype=torch.float32), ECGStudent(n_leads=1, n_samples=64)):
+    for model in (tiny_encoder(n_chans=3, dtype=torch.float32), ECGStudent(n_chans=1, n_times=64)):
         path = tmp_path / f"{model.kind}.safetensors"
         save_ecg_model(model, path)
         loaded = load_ecg_model(path)
@@ -93,7 +111,7 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_models_declare_groups_head_embedding_and_signal():
-    teacher, student = tiny_encoder(n_leads=3), ECGStudent(n_leads=1, n_classes=4, n_samples=64).double()
+    teacher, student = tiny_encoder(n_chans=3), ECGStudent(n_chans=1, n_outputs=4, n_times=64).double()
     spec = teacher.workbench_spec
     assert (spec.family, spec.head, spec.embedding) == ("ecg", "classifier", "features")
     assert spec.signal.n_chans == 3 and spec.signal.n_outputs == 5 and spec.signal.n_times == 64
@@ -159,10 +177,10 @@ def test_lora_adapter_save_load(tmp_path):
 def test_family_load_checks_the_sizes_it_knows():
     from workbench.models.ecg import ECGFamily
 
-    model = ECGFamily().load(n_classes=5, n_leads=12, in_features=99)  # other families' sizes are not its concern
-    assert model.architecture["n_classes"] == 5 and next(model.parameters()).dtype == torch.float32
-    with pytest.raises(UserError, match="n_classes 5 \\(the data needs 3\\)"):
-        ECGFamily().load(n_classes=3)
+    model = ECGFamily().load(n_outputs=5, n_chans=12, in_features=99)  # other families' sizes are not its concern
+    assert model.architecture["n_outputs"] == 5 and next(model.parameters()).dtype == torch.float32
+    with pytest.raises(UserError, match="n_outputs 5 \\(the data needs 3\\)"):
+        ECGFamily().load(n_outputs=3)
 
 
 # -- H-Tuning -------------------------------------------------------------------------------------
@@ -392,8 +410,8 @@ def test_distillation_improves_a_one_lead_student():
     method.set_teacher(SpectralTeacher())
     assert ((method.teacher(test_ecg) > 0).float() == test_labels).float().mean() > 0.95
     torch.manual_seed(0)
-    student = method.prepare(ECGStudent(n_classes=3, n_samples=128))  # the base fixes classes and record length
-    assert isinstance(student, ECGStudent) and student.architecture["n_leads"] == 1
+    student = method.prepare(ECGStudent(n_outputs=3, n_times=128))  # the base fixes classes and record length
+    assert isinstance(student, ECGStudent) and student.architecture["n_chans"] == 1
     with torch.no_grad():
         before = BCE(student(test_ecg), test_labels).item()
     optimizer = torch.optim.Adam(student.parameters(), lr=1e-2)

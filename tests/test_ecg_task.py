@@ -114,7 +114,7 @@ def test_distilled_student_from_a_finished_run_reloads_and_predicts(run_dir, tmp
     assert code == 0, err
     assert "teacher = the adapted model of" in (out / "log.txt").read_text()
     run = workbench.Run.load(out)
-    assert isinstance(run.model, ECGStudent) and run.model.architecture["n_leads"] == 3
+    assert isinstance(run.model, ECGStudent) and run.model.architecture["n_chans"] == 3
     again = workbench.evaluate(out)
     assert again["macro_auroc"] == pytest.approx(run.metrics["after"]["macro_auroc"], abs=1e-6)
     folder = tmp_path / "records"

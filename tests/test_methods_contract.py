@@ -79,7 +79,7 @@ def ecg_case(ethanol):
 
     def build():
         torch.manual_seed(0)
-        return ECGEncoder(n_samples=64, width=8, n_layers=1, n_heads=2, stem_channels=(8, 8)).double()
+        return ECGEncoder(n_times=64, width=8, n_layers=1, n_heads=2, stem_channels=(8, 8)).double()
 
     def loss(model):
         return torch.nn.functional.binary_cross_entropy_with_logits(model(ecg), labels)

@@ -215,7 +215,7 @@ class PtbXl(Task):
 
     def model_sizes(self) -> dict[str, Any]:
         """The five superclasses (the model family checks a checkpoint against them)."""
-        return {"n_classes": len(SUPERCLASSES)}
+        return {"n_outputs": len(SUPERCLASSES)}
 
     def prepare(
         self, model: nn.Module, raw: EcgSplits, train_size: int, val_size: int, seed: int
