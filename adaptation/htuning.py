@@ -396,5 +396,13 @@ class HTuning(Method):
             chunk=self.config["zo_chunk"] or None,
         )
 
+    def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The LoRA factors and the bias and head parameters by their file names (`lora.adapter_state`: PEFT's,
+        without the adapter name), so a run's ``adapter.safetensors`` keeps its names."""
+        return {name: p.detach().clone() for name, p in lora.adapter_state(model).items()}
+
+    def load_trainable_state(self, model: nn.Module, state, source="<state>") -> None:
+        lora.load_state(model, state, source)
+
     def merge(self, model: nn.Module) -> nn.Module:
         return lora.merge(model)

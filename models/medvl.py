@@ -61,7 +61,7 @@ from workbench.models.vq import VQConfig, VQTokenizer
 
 from workbench.checkpoint import check_state_fits, load_tensors, read_metadata, save_tensors
 from workbench.errors import UserError
-from workbench.model import ModelFamily, ModelSpec
+from workbench.model import ModelFamily, ModelSpec, active_adapters, plugins_of
 from workbench.registry import models
 
 #: The shipped checkpoint (pretrained by `workbench.domains.medvl.pretrain`; card ``medvl-tiny``).
@@ -330,17 +330,18 @@ class MedVL(nn.Module):
         return self.lm.get_output_embeddings()
 
     def kind_plugin(self, kind: str) -> contextlib.AbstractContextManager:
-        """HealthGPT's hard router: a context in which the LoRA plug-in named ``kind`` acts, when the model carries
-        plug-ins (`workbench.adaptation.lora.plugins`); one plug-in named ``shared`` serves both kinds (one adapter
-        for both skills, the comparison H-LoRA's plug-ins are made against); a model with plug-ins but none of
-        these names is a `UserError`; a no-op for a model without plug-ins."""
-        from workbench.adaptation.lora.plugins import active_plugin, plugin_names
-
+        """HealthGPT's hard router: a context in which the plug-in named ``kind`` acts, when a method gave the model
+        plug-ins (adapters chosen per input, `workbench.model.plugins_of`; H-LoRA's); one plug-in named ``shared``
+        serves both kinds (one adapter for both skills, the comparison H-LoRA's plug-ins are made against); a model
+        with plug-ins but none of these names is a `UserError`; a no-op for a model without plug-ins."""
         self._check_kind(kind)
-        names = plugin_names(self)
+        names = plugins_of(self)
         if not names:
             return contextlib.nullcontext()
-        return active_plugin(self, "shared" if kind not in names and "shared" in names else kind)
+        name = "shared" if kind not in names and "shared" in names else kind
+        if name not in names:
+            raise UserError(f"no LoRA plug-in named '{name}'; this model has {list(names)}")
+        return active_adapters(self, name)
 
     def train(self, mode: bool = True) -> MedVL:
         """As `nn.Module.train`, but the frozen ``vq`` stays in eval mode (its codebook never moves)."""

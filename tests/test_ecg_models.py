@@ -439,3 +439,15 @@ def test_time_cutmix_swaps_one_segment_with_a_partner_record():
         if len(steps):  # one contiguous segment, 10-50 % long, from one partner record
             assert steps[-1] - steps[0] + 1 == len(steps) and 20 <= len(steps) <= 100
             assert len(mixed[i][:, steps].unique()) == 1
+
+
+def test_htuning_saves_its_adapter_under_the_file_names_earlier_runs_used():
+    """Run files name LoRA factors as PEFT's files do (``<module>.lora_A.weight``), not by the in-memory adapter
+    name (``<module>.lora_A.default.weight``): adapters written before one layer held several still load."""
+    from workbench.registry import methods
+
+    method = methods.get("htuning")(rank=2, alpha=2.0)
+    model = method.prepare(tiny_encoder(dtype=torch.float32))
+    state = method.trainable_state(model)
+    assert any(name.endswith(".lora_A.weight") for name in state) and not any(".default." in name for name in state)
+    method.load_trainable_state(method.prepare(tiny_encoder(dtype=torch.float32)), state)

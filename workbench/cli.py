@@ -22,7 +22,7 @@ from workbench.options import resolve_options
 EXAMPLES = """examples (every task: workbench list):
   workbench adapt --domain TASK                           # the task's method + baselines on its embedded data
   workbench adapt --domain TASK --method full --epochs 100 --out runs/full
-  workbench adapt --domain TASK --baselines full,readout@OTHER_MODEL
+  workbench adapt --domain TASK --baselines full,METHOD@OTHER_MODEL
   workbench adapt --domain TASK --out runs/x --resume     # continue an interrupted run
   torchrun --nproc_per_node 2 -m workbench adapt --domain TASK --out runs/ddp
   workbench evaluate --run runs/x --data PATH
@@ -447,13 +447,13 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {record['records']} row(s) to {args.output}, {record['failed']} without scores (see status)")
     elif args.command == "pretrain":
         task = tasks.get(args.domain)()
-        import inspect
-
         from workbench.errors import UserError
 
         stage = {} if args.stage is None else {"stage": args.stage}
-        if stage and "stage" not in inspect.signature(task.pretrain).parameters:
-            raise UserError(f"--stage: task '{args.domain}' pretrains in one stage; leave --stage out")
+        if stage and args.stage not in task.pretrain_stages:
+            stages = ", ".join(map(repr, task.pretrain_stages))
+            offered = f"the stages {stages}" if stages else "one stage"
+            raise UserError(f"--stage {args.stage}: task '{args.domain}' pretrains in {offered}")
         print(task.pretrain(Path(args.out), epochs=args.epochs, seed=args.seed, device=args.device, quiet=args.quiet,
                             **stage))  # fmt: skip
     return 0

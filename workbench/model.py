@@ -15,9 +15,10 @@ Example::
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 from torch import nn
 
@@ -126,3 +127,30 @@ class ModelFamily:
     def files(self, source: str | Path | None = None) -> list[Path]:
         """The files of the model at ``source`` (the shipped one when None), hashed in prediction records."""
         return [] if source is None else [Path(source)]
+
+
+#: The attribute in which a method that adds adapters chosen per input (plug-ins: one per task kind, say) lists
+#: their names on the model (a tuple of str; absent or empty: no plug-ins).
+PLUGINS = "adapter_plugins"
+
+
+def plugins_of(model: nn.Module) -> tuple[str, ...]:
+    """The names of the plug-ins (adapters chosen per input) a method gave ``model``."""
+    return tuple(getattr(model, PLUGINS, ()))
+
+
+@contextmanager
+def active_adapters(model: nn.Module, names: str | Sequence[str]) -> Iterator[None]:
+    """Within the block every adapter layer of ``model`` (a module that wraps a ``base_layer`` and has
+    ``set_adapter`` and ``active_adapters``: the tuner-layer convention every adapter layer here follows) uses the
+    adapters ``names`` (() for none: the base model); the previous choice comes back after."""
+    layers = [m for m in model.modules() if hasattr(m, "base_layer") and hasattr(m, "active_adapters")
+              and callable(getattr(m, "set_adapter", None))]  # fmt: skip
+    before = [layer.active_adapters for layer in layers]
+    for layer in layers:
+        layer.set_adapter(names)
+    try:
+        yield
+    finally:
+        for layer, chosen in zip(layers, before):
+            layer.set_adapter(chosen)

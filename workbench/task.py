@@ -110,6 +110,9 @@ class Task:
     extra: ClassVar[str | None] = None
     #: Command lines shown by ``workbench --help`` (what a user of this task types first).
     examples: ClassVar[tuple[str, ...]] = ()
+    #: The stages ``workbench pretrain --stage`` offers (passed to `pretrain` as ``stage``; the first is its
+    #: default); empty for a task that pretrains in one go.
+    pretrain_stages: ClassVar[tuple[str, ...]] = ()
     #: Options of ``workbench data generate`` (the keyword arguments of `generate` besides ``out`` and ``seed``).
     generate_options: ClassVar[tuple[Option, ...]] = ()
 

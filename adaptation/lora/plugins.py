@@ -41,6 +41,7 @@ from workbench.adaptation.lora.io import read_adapter, write_adapter
 from workbench.adaptation.lora.model import PEFT_PREFIX, _add, _configs, lora_layers
 
 from workbench.errors import UserError
+from workbench.model import PLUGINS, active_adapters, plugins_of
 
 #: The ``method`` written in plug-in files' metadata.
 FILE_KIND = "lora-plugin"
@@ -69,13 +70,13 @@ def apply_plugins(
         for p in layer.adapter_parameters().values():
             p.requires_grad_(True)
     model._lora_configs = configs
-    model._lora_plugins = tuple(configs)
+    setattr(model, PLUGINS, tuple(configs))
     return model
 
 
 def plugin_names(model: nn.Module) -> tuple[str, ...]:
     """The plug-ins `apply_plugins` gave ``model`` (the adapters chosen per batch)."""
-    return tuple(getattr(model, "_lora_plugins", ()))
+    return plugins_of(model)
 
 
 def _check_name(model: nn.Module, name: str) -> None:
@@ -89,15 +90,8 @@ def active_plugin(model: nn.Module, name: str | None) -> Iterator[None]:
     the previous choice comes back after."""
     if name is not None:
         _check_name(model, name)
-    layers = lora_layers(model)
-    before = {layer_name: layer.active_adapters for layer_name, layer in layers.items()}
-    for layer in layers.values():
-        layer.set_adapter(() if name is None else name)
-    try:
+    with active_adapters(model, () if name is None else name):
         yield
-    finally:
-        for layer_name, layer in layers.items():
-            layer.set_adapter(before[layer_name])
 
 
 def plugin_parameters(model: nn.Module, name: str) -> dict[str, nn.Parameter]:

@@ -432,14 +432,11 @@ class MedVLTask(Task):
         summary = generate(out, seed=0 if seed is None else seed)
         return f"wrote {out}: {summary}"
 
-    def pretrain(self, out: Path, epochs: int = 0, seed: int = 0, device: str = "auto", quiet: bool = False,
-                 stage: str | None = None) -> str:  # fmt: skip
+    def pretrain(self, out: Path, epochs: int = 0, seed: int = 0, device: str = "auto", quiet: bool = False) -> str:
         """The shipped tiny VLM: VQ tokenizer, ViT and language model pretrained apart
         (`workbench.domains.medvl.pretrain`)."""
         from workbench.domains.medvl.pretrain import pretrain
 
-        if stage is not None:
-            raise UserError(f"--stage {stage}: task 'medvl' has one pretraining recipe (no stages)")
         return pretrain(out, seed=seed)
 
     def info(self, data: str | Path | None) -> str:

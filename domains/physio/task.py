@@ -403,6 +403,8 @@ class Physio(Task):
         return Predictions(columns, rows, facts)
 
     # -- data commands ---------------------------------------------------------------------------
+    pretrain_stages = ("backbone", "bank")
+
     def pretrain(self, out: Path, epochs: int = 60, seed: int = 0, device: str = "auto", quiet: bool = False,
                  stage: str = "backbone") -> str:  # fmt: skip
         """Stage ``backbone``: the shipped backbone, made by next-patch prediction on the generated corpus
