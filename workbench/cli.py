@@ -178,6 +178,35 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
 
     commands.add_parser("list", help="registered tasks, models and methods, with their data cards")
 
+    _add_adapt_command(commands, chosen, examples)
+
+    evaluate = commands.add_parser("evaluate", help="re-score a finished run on other data")
+    evaluate.add_argument("--run", required=True, help="run directory")
+    evaluate.add_argument("--data", help="data to score on (default: the run's own); its test split is used")
+    evaluate.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    _add_threads(evaluate)
+
+    _add_data_commands(commands, chosen)
+
+    predict = commands.add_parser("predict", help="score every record of a folder with a finished run's model")
+    predict.add_argument("--run", required=True, help="run directory (from workbench adapt)")
+    predict.add_argument("--input", required=True, help="folder of inputs (records, files: what the run's task reads)")
+    predict.add_argument("--output", required=True, help="CSV to write (a .json with hashes is written beside it)")
+    _add_threads(predict)
+
+    pretrain = commands.add_parser("pretrain", help="train the task's shipped foundation model from scratch")
+    pretrain.add_argument("--domain", required=True)
+    pretrain.add_argument("--out", required=True, help="checkpoint path (.safetensors)")
+    pretrain.add_argument("--epochs", type=int, default=100)
+    pretrain.add_argument("--seed", type=int, default=0)
+    pretrain.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    pretrain.add_argument("--quiet", action="store_true")
+    pretrain.add_argument("--stage", help="what to make, for tasks that pretrain in stages (default: the model)")
+    _add_threads(pretrain)
+    return parser
+
+def _add_adapt_command(commands: Any, chosen: dict[str, list[str]] | None, examples: str) -> None:
+    """``workbench adapt``: the run flags (with the chosen task's real defaults) and the chosen plug-ins' options."""
     task = chosen["task"][0] if chosen and chosen.get("method") else None  # an adapt command naming its task
     defaults = _adapt_defaults(task, chosen["method"][0]) if task else {}
     adapt = commands.add_parser(
@@ -205,12 +234,9 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     run_flags.add_argument("--quiet", action="store_true", help="no progress bars or table")
     _add_plugin_options(adapt, chosen, "task", "method", defaults=defaults.get("options"))
 
-    evaluate = commands.add_parser("evaluate", help="re-score a finished run on other data")
-    evaluate.add_argument("--run", required=True, help="run directory")
-    evaluate.add_argument("--data", help="data to score on (default: the run's own); its test split is used")
-    evaluate.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    _add_threads(evaluate)
 
+def _add_data_commands(commands: Any, chosen: dict[str, list[str]] | None) -> None:
+    """``workbench data info | check | generate``."""
     data = commands.add_parser("data", help="inspect, check or generate a task's data")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     for action, text in (
@@ -229,23 +255,6 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     generate.add_argument("--seed", type=int, help="seed of the generator (default: the task's own)")
     _add_threads(generate)
     _add_plugin_options(generate, chosen, "task", "generate")
-
-    predict = commands.add_parser("predict", help="score every record of a folder with a finished run's model")
-    predict.add_argument("--run", required=True, help="run directory (from workbench adapt)")
-    predict.add_argument("--input", required=True, help="folder of inputs (records, files: what the run's task reads)")
-    predict.add_argument("--output", required=True, help="CSV to write (a .json with hashes is written beside it)")
-    _add_threads(predict)
-
-    pretrain = commands.add_parser("pretrain", help="train the task's shipped foundation model from scratch")
-    pretrain.add_argument("--domain", required=True)
-    pretrain.add_argument("--out", required=True, help="checkpoint path (.safetensors)")
-    pretrain.add_argument("--epochs", type=int, default=100)
-    pretrain.add_argument("--seed", type=int, default=0)
-    pretrain.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    pretrain.add_argument("--quiet", action="store_true")
-    pretrain.add_argument("--stage", help="what to make, for tasks that pretrain in stages (default: the model)")
-    _add_threads(pretrain)
-    return parser
 
 
 def _without_default(text: str) -> str:
