@@ -324,41 +324,12 @@ def _add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads (default: chosen at start, see workbench.threads)")
 
 
-#: The distribution whose extras install the optional libraries (pyproject.toml).
-DISTRIBUTION = "sciadapt-workbench"
-
-
-def _install_command(extra: str) -> str:
-    return f'pip install "{DISTRIBUTION}[{extra}]"'
-
-
-def _extra_of(error: str) -> str | None:
-    """The extra of this distribution that installs the module an import error names (None: not a missing
-    module, or none of the extras installs it)."""
-    import re
-    from importlib.metadata import PackageNotFoundError, requires
-
-    missing = re.search(r"No module named '([^'.]+)", error)
-    if missing is None:
-        return None
-    try:
-        requirements = requires(DISTRIBUTION) or []
-    except PackageNotFoundError:
-        return None
-    module = missing.group(1).lower().replace("_", "-")
-    for requirement in requirements:
-        name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
-        extra = re.search(r"""extra == ['"]([^'"]+)""", requirement)
-        if extra and (name == module or name.startswith(module + "-")):
-            return extra.group(1)
-    return None
-
 
 def _list() -> str:
     """Every registered task, model and method in aligned columns (names, then descriptions wrapped beside them),
     with data cards; plug-ins that cannot be loaded last, each with the command that installs what it lacks."""
     from workbench.datacard import load_card
-    from workbench.registry import methods, models, tasks
+    from workbench.registry import extra_of, install_command, methods, models, tasks
 
     registries = (("tasks", tasks), ("models", models), ("methods", methods))
     entries = {kind: registry.items() for kind, registry in registries}
@@ -380,7 +351,7 @@ def _list() -> str:
     lines = ["tasks:"]
     for name, cls in entries["tasks"]:
         missing = [package for package in cls.requires if importlib.util.find_spec(package) is None]
-        needs = [f"not installed: {_install_command(cls.extra)}"] if missing else []
+        needs = [f"not installed: {install_command(cls.extra)}"] if missing else []
         reads = [text for read in cls.reads for text in card(read, "also reads")]
         lines += row(name, cls.description, *needs, *card(cls.card), *reads, f"--precision: {' '.join(cls.precisions)}")
     lines += ["models:"]
@@ -398,8 +369,8 @@ def _list() -> str:
     if unavailable:
         lines += ["not loaded (an optional library is missing or broken):"]
         for kind, name, why in unavailable:
-            extra = _extra_of(why)
-            lines += row(f"{kind} {name}", f"not installed: {_install_command(extra)}" if extra else why)
+            extra = extra_of(why)
+            lines += row(f"{kind} {name}", f"not installed: {install_command(extra)}" if extra else why)
     return "\n".join(lines)
 
 

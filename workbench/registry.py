@@ -70,10 +70,9 @@ class Registry(Generic[T]):
         if name not in self._classes and name not in self.unavailable:
             self._discover()
         if name not in self._classes and name in self.unavailable:
-            raise UserError(
-                f"{self.kind} '{name}' cannot be loaded ({self.unavailable[name]}); install the extra that provides "
-                'it (README: pip install -e ".[EXTRA]")'
-            )
+            why, extra = self.unavailable[name], extra_of(self.unavailable[name])
+            hint = f"install it: {install_command(extra)}" if extra else "install the extra that provides it"
+            raise UserError(f"{self.kind} '{name}' cannot be loaded ({why}); {hint}")
         try:
             return self._classes[name]
         except KeyError:
@@ -85,6 +84,37 @@ class Registry(Generic[T]):
 
     def items(self) -> list[tuple[str, T]]:
         return [(name, self._classes[name]) for name in self.names()]
+
+
+#: The distribution whose extras install the optional libraries (pyproject.toml).
+DISTRIBUTION = "sciadapt-workbench"
+
+
+def install_command(extra: str) -> str:
+    """The command that installs this distribution's extra ``extra``."""
+    return f'pip install "{DISTRIBUTION}[{extra}]"'
+
+
+def extra_of(error: str) -> str | None:
+    """The extra of this distribution that installs the module an import error names (None: not a missing
+    module, or none of the extras installs it)."""
+    import re
+    from importlib.metadata import PackageNotFoundError, requires
+
+    missing = re.search(r"No module named '([^'.]+)", error)
+    if missing is None:
+        return None
+    try:
+        requirements = requires(DISTRIBUTION) or []
+    except PackageNotFoundError:
+        return None
+    module = missing.group(1).lower().replace("_", "-")
+    for requirement in requirements:
+        name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+        extra = re.search(r"""extra == ['"]([^'"]+)""", requirement)
+        if extra and (name == module or name.startswith(module + "-")):
+            return extra.group(1)
+    return None
 
 
 tasks: Registry = Registry("task", "workbench.tasks")

@@ -23,7 +23,7 @@ from workbench.errors import UserError
 from workbench.options import Option, resolve_options
 from workbench.paths import ALLOW_PATHS_OUTSIDE
 from workbench.records import ON_BAD_RECORD, SkipReport
-from workbench.registry import models
+from workbench.registry import install_command, models
 
 #: What a task may offer beyond the required hooks that the engine itself uses. What a method needs from a task
 #: beyond these is a ``typing.Protocol`` in the method's package (`workbench.method.Method.needs_task`).
@@ -124,8 +124,7 @@ class Task:
         missing = [name for name in self.requires if importlib.util.find_spec(name) is None]
         if missing:
             raise UserError(
-                f"task '{self.name}' needs {', '.join(missing)}, which is not installed: "
-                f'pip install -e ".[{self.extra}]" (or pip install "sciadapt-workbench[{self.extra}]")'
+                f"task '{self.name}' needs {', '.join(missing)}, which is not installed: {install_command(self.extra)}"
             )
         self.config = resolve_options(f"task '{self.name}'", self.options, options)
         #: The records the last `read` or `info` skipped (``self.config["on_bad_record"] == "skip"``) and how many it
