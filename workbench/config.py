@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -99,6 +99,9 @@ class RunRequest:
     )
     task_options: Mapping[str, Any] = field(default_factory=dict, metadata={"cli": False})
     method_options: Mapping[str, Any] = field(default_factory=dict, metadata={"cli": False})
+    #: The task's own split replaced by held-out groups ({"val": [...], "test": [...]}, `workbench.task.Task.
+    #: hold_out`); what ``workbench compare`` gives each fold.
+    split: Mapping[str, Sequence[str]] | None = field(default=None, metadata={"cli": False})
 
     @classmethod
     def parameters(cls) -> list[Any]:
@@ -135,6 +138,8 @@ class RunConfig:
     precision: str = "auto"
     #: CPU threads the run computed with (`workbench.threads`); 0 until chosen, and in runs written before.
     threads: int = 0
+    #: Held-out groups replacing the task's split (`RunRequest.split`); None: the task's own split.
+    split: dict[str, list[str]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         content = dataclasses.asdict(self)
@@ -219,6 +224,7 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
         method_options=method_options,
         precision=precision,
         threads=request.threads or 0,
+        split=_split(request.split, task_cls),
     )
     return config, warnings
 
@@ -260,6 +266,18 @@ def _sizes(request: RunRequest, defaults: Mapping[str, Any]) -> dict[str, int]:
     if sizes["batch_size"] > train_size:
         raise UserError(f"--batch-size {sizes['batch_size']} is larger than --train-size {train_size}")
     return sizes
+
+
+def _split(split: Mapping[str, Sequence[str]] | None, task_cls: Any) -> dict[str, list[str]] | None:
+    """Held-out groups as plain lists (the task checks them against its data)."""
+    if split is None:
+        return None
+    if "folds" not in task_cls.capabilities:
+        raise UserError(f"task '{task_cls.name}' has no grouped folds: it keeps its own split")
+    unknown = set(split) - {"val", "test"}
+    if unknown or "test" not in split:
+        raise UserError(f"a split names 'test' (and optionally 'val') groups, got {sorted(split)}")
+    return {name: [str(group) for group in groups] for name, groups in split.items()}
 
 
 def _device(device: str) -> str:

@@ -151,7 +151,7 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
     task.progress = not quiet
     device = torch.device(config.device)
     randomness.seed_all(config.seed)
-    raw = task.read(config.data, config.seed)
+    raw = _read(task, config)
     if task.skipped:
         log.warning("%s", task.skipped.summary())
     base = cast(task.load_model(config.model, config.trust_checkpoint), config.precision)
@@ -266,6 +266,8 @@ def evaluate(run: str | Path, data: str | None = None, device: str = "auto") -> 
     )
     source = data if data is not None else config.data
     raw = task.read(source, config.seed)
+    if data is None and config.split is not None:
+        raw = task.hold_out(raw, config.split)
     samples = task.test_samples(finished.model, raw)
     evaluation = task.evaluate(finished.model.to(device), samples, device)
     with claim_run_dir(finished.path, resume=True):
@@ -340,6 +342,12 @@ def predict(run: str | Path, input: str | Path, output: str | Path) -> dict[str,
 
 
 # -- steps of `adapt` ----------------------------------------------------------------------------
+def _read(task: Task, config: RunConfig) -> Any:
+    """The run's labelled data: the task's `read`, re-split by `RunConfig.split` when one is given."""
+    raw = task.read(config.data, config.seed)
+    return raw if config.split is None else task.hold_out(raw, config.split)
+
+
 def _init_distributed(device: str) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")

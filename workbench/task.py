@@ -30,6 +30,7 @@ from workbench.registry import install_command, models
 CAPABILITIES = {
     "target_pool": "unlabelled target samples (`TaskData.target`)",
     "predict": "batch prediction of a folder of inputs (`Task.predict_folder`, ``workbench predict``)",
+    "folds": "grouped folds for ``workbench compare`` (`Task.split_groups`, `Task.hold_out`, `Task.group_kind`)",
 }
 
 
@@ -76,6 +77,37 @@ def to_device(array: Any, device: torch.device | str, dtype: torch.dtype | None 
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
+def held_out_groups(groups: Sequence[str], split: Mapping[str, Sequence[str]], where: str, kind: str) -> dict[
+    str, list[str]]:  # fmt: skip
+    """``{"train", "val", "test"}`` group lists for `Task.hold_out`: ``split``'s test and validation groups, checked
+    against ``groups`` (the data's), and every other group for training.
+
+    Raises:
+        UserError: (naming ``where``, the data) a group the data do not have, a group in two splits, no test group,
+        or no group left to train on.
+    """
+    available = sorted({str(group) for group in groups})
+    known = set(available)
+    parts = {name: sorted({str(group) for group in split.get(name, ())}) for name in ("val", "test")}
+    for name, part in parts.items():
+        unknown = [group for group in part if group not in known]
+        if unknown:
+            shown = ", ".join(available[:8]) + (", ..." if len(available) > 8 else "")
+            raise UserError(
+                f"{where}: the {name} {kind}(s) {', '.join(unknown[:5])} of the split are not in the data "
+                f"({len(available)} {kind}s: {shown})"
+            )
+    both = set(parts["val"]) & set(parts["test"])
+    if both:
+        raise UserError(f"{where}: {kind}(s) {', '.join(sorted(both))} are in both the validation and the test split")
+    if not parts["test"]:
+        raise UserError(f"{where}: the split holds out no test {kind}")
+    train = [group for group in available if group not in set(parts["val"]) | set(parts["test"])]
+    if not train:
+        raise UserError(f"{where}: the split holds out every {kind}; none is left to train on")
+    return {"train": train, **parts}
+
+
 class Task:
     """Base class of tasks; subclasses set the class attributes and implement the hooks."""
 
@@ -94,6 +126,11 @@ class Task:
     baselines: ClassVar[tuple[str, ...]] = ()
     #: Metric names, in the order the report shows them; the first is the headline.
     metrics: ClassVar[tuple[str, ...]]
+    #: Metrics of which lower is better (errors); every other metric is better higher.
+    lower_is_better: ClassVar[frozenset[str]] = frozenset()
+    #: What a fold of ``workbench compare`` holds out whole ("subject", "patient", "trajectory block", ...); tasks
+    #: declaring the ``folds`` capability set it and implement `split_groups` and `hold_out`.
+    group_kind: ClassVar[str] = ""
     #: The sentence under the report's table saying what the numbers are.
     metrics_note: ClassVar[str] = "Errors are on the test split; lower is better."
     #: Training defaults of this task (`workbench.trainer.TrainSettings` fields and ``train_size``).
@@ -155,6 +192,21 @@ class Task:
         Returns a task-specific object with a ``source`` attribute (a path or a description).
         """
         raise NotImplementedError
+
+    def split_groups(self, raw: Any) -> list[str]:
+        """The groups of ``raw`` (as returned by `read`) that a fold holds out whole, sorted: every labelled sample
+        belongs to exactly one (tasks with the ``folds`` capability)."""
+        raise UserError(f"task '{self.name}' has no grouped folds")
+
+    def hold_out(self, raw: Any, split: Mapping[str, Sequence[str]]) -> Any:
+        """``raw`` re-split: the groups ``split["test"]`` are its test split, ``split["val"]`` its validation split
+        and every other group of `split_groups` trains (a task whose validation cannot come from the held-out groups,
+        such as one that never sees target labels in training, says so in its docstring).
+
+        Raises:
+            UserError: a group not in ``raw``, a group in two splits, or an empty split.
+        """
+        raise UserError(f"task '{self.name}' has no grouped folds")
 
     def model_choice(self, source: str | Path | None) -> tuple[str, str | None]:
         """(registered model name, checkpoint path or None) of ``--model``: None is the task's default model, a

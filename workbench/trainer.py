@@ -165,7 +165,8 @@ class Trainer:
         size = self.settings.batch_size
         return [[self.train_samples[i] for i in mine[start : start + size]] for start in range(0, len(mine), size)]
 
-    def _train_epoch(self, epoch: int) -> float:
+    def _train_epoch(self, epoch: int) -> tuple[float, int]:
+        """(mean training loss, optimizer steps taken) of epoch ``epoch``."""
         self.model.train()
         total, count = 0.0, 0
         batches = self._epoch_batches(epoch)
@@ -199,7 +200,7 @@ class Trainer:
                 self.ema.update()
             total += loss.float().item() * len(samples)
             count += len(samples)
-        return total / count
+        return total / count, len(batches)
 
     def validation_loss(self) -> float:
         """Mean loss over the validation samples with the current (EMA) weights."""
@@ -298,7 +299,7 @@ class Trainer:
             if self.epoch_start is not None:
                 self.epoch_start(epoch, self.settings.epochs)
             start = time.perf_counter()
-            train_loss = self._train_epoch(epoch)
+            train_loss, steps = self._train_epoch(epoch)
             seconds = time.perf_counter() - start
             with self._averaged():
                 val_loss = self.validation_loss()
@@ -314,6 +315,7 @@ class Trainer:
                     "val_loss": val_loss,
                     "lr": self.optimizer.param_groups[0]["lr"],
                     "seconds": seconds,
+                    "steps": steps,
                     "selectable": selectable,
                 }
             )

@@ -43,6 +43,9 @@ class ShiftProblem:
     description: str
     #: Ground truth of generated problems (e.g. ``outlier_classes``); empty for users' data.
     truth: dict[str, Any] = field(default_factory=dict)
+    #: Target rows scored as the test split when a fold chose them (`FeatureShift.hold_out`); None: a seeded
+    #: ``target_test_fraction`` of the labelled rows.
+    test_rows: np.ndarray | None = None
 
     @property
     def n_outputs(self) -> int:

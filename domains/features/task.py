@@ -19,6 +19,7 @@ Loss: cross-entropy (classes) or squared error (values), per sample, so methods 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -36,7 +37,7 @@ from workbench.errors import UserError
 from workbench.metrics import classification_scores
 from workbench.options import Option
 from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData
+from workbench.task import Evaluation, Task, TaskData, held_out_groups
 
 #: Methods that weight samples by a density ratio: they get the covariate-shift problem by default.
 DENSITY_RATIO_METHODS = ("dre-pp", "dre-ulsif", "dre-kliep", "dre-logistic")
@@ -73,7 +74,8 @@ class FeatureShift(Task):
     extra = "shift"
     default_model = "mlp"
     default_method = "warmpot"
-    capabilities = frozenset({"target_pool"})
+    capabilities = frozenset({"target_pool", "folds"})
+    group_kind = "target row"
     baselines = ("pada", "full", "oracle")
     metrics = ("accuracy", "balanced_accuracy", "macro_f1")
     metrics_note = (
@@ -131,9 +133,22 @@ class FeatureShift(Task):
         self.problem, self.seed = problem, seed
         return problem
 
+    def split_groups(self, raw: ShiftProblem) -> list[str]:
+        """The target's labelled rows, one group each (``row<i>``, i the row in the target file)."""
+        return [f"row{i}" for i in np.flatnonzero(_known(raw.target.labels))]
+
+    def hold_out(self, raw: ShiftProblem, split: Mapping[str, Sequence[str]]) -> ShiftProblem:
+        """``raw`` with the target rows ``split["test"]`` as its labelled test split. Every other target row is in
+        the unlabelled adaptation pool (its label unseen) and validation stays on held-out source samples: a method
+        never sees a target label before scoring, so ``split["val"]`` rows join the pool."""
+        parts = held_out_groups(self.split_groups(raw), split, str(raw.target.path), self.group_kind)
+        rows = np.array(sorted(int(group.removeprefix("row")) for group in parts["test"]), dtype=np.int64)
+        return dataclasses.replace(raw, test_rows=rows)
+
     def _set_kind(self, kind: str) -> None:
         self.kind = kind
         if kind == "regression":
+            self.lower_is_better = frozenset({"mse", "mae"})
             self.metrics = ("mse", "mae", "r2")
             self.metrics_note = "Errors on the target's labelled test split; lower is better (r2: higher is better)."
 
@@ -175,7 +190,7 @@ class FeatureShift(Task):
         order = rng.permutation(n_source)
         train = _samples(raw.source, order[:train_size], start=0)
         val = _samples(raw.source, order[train_size : train_size + val_size], start=train_size)
-        test_index = self._target_test_index(raw.target, seed)
+        test_index = self._target_test_index(raw, seed)
         pool_index = np.setdiff1d(np.arange(len(raw.target.features)), test_index)
         if len(pool_index) == 0:
             raise UserError(f"{raw.target.path}: no target samples are left for adaptation after the test split")
@@ -198,9 +213,12 @@ class FeatureShift(Task):
         data = TaskData(train, val, test, raw.description, summary, target=target)
         return data, self._state(model)
 
-    def _target_test_index(self, target: FeatureSet, seed: int) -> np.ndarray:
-        """Rows of the target's labelled test split: a seeded ``target_test_fraction`` of the labelled rows."""
-        known = np.flatnonzero(_known(target.labels))
+    def _target_test_index(self, raw: ShiftProblem, seed: int) -> np.ndarray:
+        """Rows of the target's labelled test split: those a fold chose, else a seeded ``target_test_fraction`` of
+        the labelled rows."""
+        if raw.test_rows is not None:
+            return raw.test_rows
+        known = np.flatnonzero(_known(raw.target.labels))
         size = max(1, int(round(len(known) * self.config["target_test_fraction"])))
         return np.sort(np.random.default_rng([seed, 1]).permutation(known)[:size])
 
@@ -236,7 +254,7 @@ class FeatureShift(Task):
         expected = model.architecture["in_features"]
         if raw.target.features.shape[1] != expected:
             raise UserError(f"{raw.target.path}: {raw.target.features.shape[1]} features; the model takes {expected}")
-        return _samples(raw.target, self._target_test_index(raw.target, self.seed), start=0)
+        return _samples(raw.target, self._target_test_index(raw, self.seed), start=0)
 
     # -- training and scoring --------------------------------------------------------------------
     def collate(self, samples: Sequence[FeatureSample], device: torch.device) -> FeatureBatch:
