@@ -3,11 +3,12 @@ samples are ever in two splits."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from workbench.errors import UserError
+from workbench.task import held_out_groups
 
 
 def split_subjects(subjects: Sequence[str], val_subjects: int, test_subjects: int, seed: int) -> dict[str, list[str]]:
@@ -31,3 +32,20 @@ def split_subjects(subjects: Sequence[str], val_subjects: int, test_subjects: in
         "val": sorted(order[test_subjects : test_subjects + val_subjects]),
         "test": sorted(order[:test_subjects]),
     }
+
+
+def held_out_subjects(
+    groups: Sequence[str], split: Mapping[str, Sequence[str]], where: str, kind: str
+) -> dict[str, list[str]]:
+    """`workbench.task.held_out_groups` for the tasks that stop training early on held-out subjects (EEG, physio): the
+    fold must name validation ``kind``s too (``split["val"]``); none is taken from the training ones.
+
+    Raises:
+        UserError: (naming ``where``, the data) no validation group, or any problem `held_out_groups` finds.
+    """
+    if not split.get("val"):
+        raise UserError(
+            f"{where}: the split names no validation {kind}s ('val'): this task stops training early on held-out "
+            f"{kind}s, so a fold holds out 'val' {kind}s beside its 'test' ones"
+        )
+    return held_out_groups(groups, split, where, kind)

@@ -32,6 +32,11 @@ Splits are by subject: the subjects are shuffled with ``--seed`` and ``--test-su
 subjects (one EEGMMIDB subject's runs), ``--split-by record`` holds out whole records (runs, nights) instead, the
 two counts then counting records: a within-subject, cross-record score, not a cross-subject one.
 
+Grouped folds (``workbench compare``, `EegTask.hold_out`): a fold holds out what the split holds out whole — subjects,
+or records with ``--split-by record`` (`EegTask.group_kind`) — and replaces the seeded split: the fold's ``test``
+subjects (records) are scored, its ``val`` ones are the validation split (early stopping, the best epoch) and every
+other one trains. A fold must name validation subjects: none is taken from the training ones.
+
 Bad records (a file MNE cannot read, an EDF whose size is not what its header says, a hypnogram of another night, a
 missing channel, ...) are skipped into ``task.skipped`` (with how many records were looked at) or raised, as
 ``--on-bad-record`` says, in `read` and `info` alike.
@@ -86,7 +91,7 @@ from workbench.domains.eeg.readers import (
     read_recording,
 )
 from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, read_sleep_edf
-from workbench.domains.splits import split_subjects
+from workbench.domains.splits import held_out_subjects, split_subjects
 from workbench.models.eeg import CHECKPOINTS
 
 from workbench.errors import UserError
@@ -172,7 +177,7 @@ class EegTask(Task):
     extra = "eeg"
     default_model = "labram"
     default_method = "lora"
-    capabilities = frozenset({"predict"})
+    capabilities = frozenset({"predict", "folds"})
     precisions = ("float32", "bf16", "fp16")  # bf16 / fp16: mixed-precision training steps
     #: The shipped LaBraM backbone adapted when no --model is given (`workbench.domains.eeg.pretrain` makes it).
     pretrained: ClassVar[Path | None] = None
@@ -222,6 +227,11 @@ class EegTask(Task):
         ),
     )
 
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        #: What a fold holds out whole: the split's unit (``--split-by``).
+        self.group_kind = self.config["split_by"]
+
     @classmethod
     def profile(cls, method: str) -> dict[str, Any]:
         """``lora`` in the brainwave-model study's setting (`LBM_LORA`); the other methods as they are."""
@@ -252,6 +262,20 @@ class EegTask(Task):
             **({"channel_map": dict(raw.channel_map)} if raw.channel_map else {}),
         }
         return raw
+
+    def split_groups(self, raw: EegData) -> list[str]:
+        """The subjects of the windows (their records with ``--split-by record``), sorted."""
+        return sorted(set(self._groups(raw.windows).tolist()))
+
+    def hold_out(self, raw: EegData, split: Mapping[str, Sequence[str]]) -> EegData:
+        """``raw`` with the subjects (records) ``split["test"]`` as its test split, ``split["val"]`` as its validation
+        split and every other one training; ``raw`` itself is left as it was.
+
+        Raises:
+            UserError: (naming the data) no validation group, a group not in the data, a group in two splits.
+        """
+        parts = held_out_subjects(self.split_groups(raw), split, raw.source, self.group_kind)
+        return replace(raw, split=parts)
 
     def _read(self, data: str | Path | None) -> EegData:
         """The task's windows (the embedded data when ``data`` is None), not yet split; ``self.skipped`` holds the

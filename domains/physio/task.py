@@ -20,6 +20,14 @@ patients (``--val-subjects`` of them, drawn with ``--seed``, for early stopping)
 otherwise the subjects are shuffled with ``--seed``, ``--test-subjects`` (default 2) and ``--val-subjects``
 (default 1) held out. The subjects of each split go into ``metrics.json`` (``data_summary.split``).
 
+Grouped folds (``workbench compare``, `Physio.hold_out`): a fold holds out whole patients of the target site — the
+patients the split above assigns (MIT-BIH records in neither DS1 nor DS2 stay out) — and replaces that split: its
+``test`` patients are scored, its ``val`` patients are the validation split (early stopping; with the training
+patients, the site's labelled examples PhysioPFM describes the site by) and every other patient trains. The training
+patients must still have beats of two classes. The PhysioPFM bank is untouched: it holds other sites' LoRAs, and the
+entries of the target site are left out as in every run. A fold must name validation patients: none is taken from
+the training ones.
+
 Inputs: a window of the lead around each annotated R peak (0.24 s before, 0.46 s after), resampled to the
 backbone's rate (250 Hz, polyphase; the resampling is recorded in ``data_summary.notes``), z-scored per beat:
 175 samples. Classes: N, S, V, F — AAMI's Q (paced, unclassifiable) is left out and counted; a class absent at
@@ -40,7 +48,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
@@ -60,7 +68,7 @@ from workbench.domains.physio.beats import (
     read_beat_folder,
     read_mitbih,
 )
-from workbench.domains.splits import split_subjects
+from workbench.domains.splits import held_out_subjects, split_subjects
 from workbench.models.physio import BACKBONE_RATE_HZ
 
 from workbench.errors import UserError
@@ -137,7 +145,8 @@ class Physio(Task):
     extra = "physio"
     default_model = "patch-gpt"
     default_method = "physiopfm"
-    capabilities = frozenset({"predict"})
+    capabilities = frozenset({"predict", "folds"})
+    group_kind = "patient"
     baselines = ("full", "readout")
     metrics = ("balanced_accuracy", "accuracy", "macro_f1", "cohen_kappa") + tuple(f"recall_{c}" for c in CLASSES)
     metrics_note = (
@@ -191,6 +200,22 @@ class Physio(Task):
         site = self.config["target_site"] if data is None else str(data)
         records = record_hashes(EMBEDDED / f"site-{site}" if data is None else Path(data), sorted(set(beats.subjects)))
         return SiteData(beats, split, beats.source, description, site, records)
+
+    def split_groups(self, raw: SiteData) -> list[str]:
+        """The target site's patients (records) that the split assigns, sorted."""
+        return sorted({str(subject) for part in raw.split.values() for subject in part})
+
+    def hold_out(self, raw: SiteData, split: Mapping[str, Sequence[str]]) -> SiteData:
+        """``raw`` with the patients ``split["test"]`` as its test split, ``split["val"]`` as its validation split and
+        every other patient of `split_groups` training; ``raw`` itself is left as it was, the bank is not touched.
+
+        Raises:
+            UserError: (naming the data) no validation patient, a patient not in the split, a patient in two splits,
+            or training patients with beats of one class only.
+        """
+        parts = held_out_subjects(self.split_groups(raw), split, raw.source, self.group_kind)
+        self._check_split(raw.beats, parts)
+        return replace(raw, split=parts)
 
     def _split(self, beats: BeatSet, seed: int) -> dict[str, list[str]]:
         parts = inter_patient_split(beats)
