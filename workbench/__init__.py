@@ -16,6 +16,7 @@ import workbench.models  # noqa: E402, F401
 
 __version__ = "0.1.0"
 
+from workbench.comparison import CompareSpec, compare  # noqa: E402
 from workbench.run import Run, adapt, evaluate, predict  # noqa: E402
 
-__all__ = ["Run", "adapt", "evaluate", "predict", "__version__"]
+__all__ = ["CompareSpec", "Run", "adapt", "compare", "evaluate", "predict", "__version__"]

@@ -25,6 +25,7 @@ EXAMPLES = """examples (every task: workbench list):
   workbench adapt --domain TASK --baselines full,METHOD@OTHER_MODEL
   workbench adapt --domain TASK --out runs/x --resume     # continue an interrupted run
   torchrun --nproc_per_node 2 -m workbench adapt --domain TASK --out runs/ddp
+  workbench compare --domain TASK --methods A,B,C --folds 5 --seeds 100-101   # grouped folds, paired intervals
   workbench evaluate --run runs/x --data PATH
   workbench data info TASK · workbench data check TASK --data PATH · workbench data generate TASK --out DIR
   workbench predict --run runs/x --input FOLDER --output predictions.csv
@@ -127,20 +128,27 @@ def _chosen_plugins(argv: Sequence[str]) -> dict[str, list[str]]:
 
     argv = list(argv)
     if argv[:1] == ["adapt"]:
-        values = {}
-        for index, word in enumerate(argv):
-            for flag in ("--domain", "--method"):
-                if word == flag and index + 1 < len(argv):
-                    values[flag] = argv[index + 1]
-                elif word.startswith(flag + "="):
-                    values[flag] = word.split("=", 1)[1]
-        if "--domain" not in values:
+        domain = _flag_value(argv, "--domain")
+        if domain is None:
             return {}
-        method = values.get("--method") or tasks.get(values["--domain"]).default_method
-        return {"task": [values["--domain"]], "method": [method]}
+        method = _flag_value(argv, "--method") or tasks.get(domain).default_method
+        return {"task": [domain], "method": [method]}
+    if argv[:1] == ["compare"]:
+        domain = _flag_value(argv, "--domain")
+        return {"task": [domain]} if domain else {}
     if argv[:1] == ["data"] and len(argv) >= 3 and not argv[2].startswith("-"):
         return {"task": [argv[2]], "generate": [argv[2]] if argv[1] == "generate" else []}
     return {}
+
+
+def _flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``argv`` (``--flag VALUE`` or ``--flag=VALUE``), None when absent."""
+    for index, word in enumerate(argv):
+        if word == flag and index + 1 < len(argv):
+            return argv[index + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return None
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -179,6 +187,7 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     commands.add_parser("list", help="registered tasks, models and methods, with their data cards")
 
     _add_adapt_command(commands, chosen, examples)
+    _add_compare_command(commands, chosen)
 
     evaluate = commands.add_parser("evaluate", help="re-score a finished run on other data")
     evaluate.add_argument("--run", required=True, help="run directory")
@@ -233,6 +242,95 @@ def _add_adapt_command(commands: Any, chosen: dict[str, list[str]] | None, examp
     run_flags.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     run_flags.add_argument("--quiet", action="store_true", help="no progress bars or table")
     _add_plugin_options(adapt, chosen, "task", "method", defaults=defaults.get("options"))
+
+
+def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> None:
+    """``workbench compare``: the comparison's flags (`workbench.comparison.CompareSpec`) and the chosen task's options."""
+    from workbench.comparison import BUDGETS, EXECUTORS, FIRST_REPORTED_SEED
+
+    compare = commands.add_parser(
+        "compare",
+        help="compare methods on grouped folds and seeds, with paired intervals",
+        usage="workbench compare --domain TASK --methods A,B[,C] [options]",
+        description=(
+            "Every method on the same grouped folds (each group tested once per seed) and seeds, at one budget; "
+            "report.md gives mean ± sd, the paired difference to the reference with a 95 % bootstrap interval and a "
+            f"Wilcoxon p. Seeds below {FIRST_REPORTED_SEED} are for development; report seeds from "
+            f"{FIRST_REPORTED_SEED} on. Re-running the same command continues an interrupted comparison."
+        ),
+    )
+    flags = compare.add_argument_group("comparison options")
+    flags.add_argument("--domain", required=True, help="task name (see `workbench list`)")
+    flags.add_argument("--methods", required=True, help="comma-separated methods")
+    flags.add_argument("--reference", help="the method the others are paired against (default: the first)")
+    flags.add_argument("--folds", type=int, default=5, help="grouped folds per seed (default: 5)")
+    flags.add_argument("--seeds", default=str(FIRST_REPORTED_SEED),
+                       help=f"seeds: 100,101 or 100-104 (default: {FIRST_REPORTED_SEED})")  # fmt: skip
+    flags.add_argument("--budget", default="steps", choices=BUDGETS,
+                       help="steps: same epochs, no early stopping; convergence: same early-stopping rule")  # fmt: skip
+    for name, kind, text in (
+        ("epochs", int, "epochs of every method (maximum under convergence; default: the task's)"),
+        ("patience", int, "early-stopping patience under --budget convergence (default: the task's)"),
+        ("train-size", int, "training samples (default: the task's)"),
+        ("val-size", int, "validation samples (default: the task's)"),
+        ("batch-size", int, "samples per step (default: the task's)"),
+        ("lr", float, "one learning rate for every method (default: each method's own)"),
+        ("val-share", float, "share of the non-test groups that validates (default: 0.2)"),
+    ):
+        flags.add_argument(f"--{name}", type=kind, help=text)
+    flags.add_argument("--lr-grid", help="learning rates each method chooses from per cell on validation loss")
+    flags.add_argument("--set", action="append", default=[], metavar="METHOD.OPTION=VALUE",
+                       help="an option of one method (repeatable), e.g. --set lora.rank=8")  # fmt: skip
+    flags.add_argument("--data", help="your data (default: the task's embedded data)")
+    flags.add_argument("--model", help="a registered model or checkpoint (default: the task's model)")
+    flags.add_argument("--out", help="output folder (default: runs/compare-<task>-<time>)")
+    flags.add_argument("--workers", type=int, default=1, help="cells at a time (default: 1, in this process)")
+    flags.add_argument("--executor", default="local", choices=EXECUTORS,
+                       help="local processes, or a Dask cluster (pip extra 'cluster')")  # fmt: skip
+    flags.add_argument("--scheduler", help="address of a running Dask scheduler (default: a local Dask cluster)")
+    flags.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    _add_plugin_options(compare, chosen, "task")
+
+
+def _compare_spec(args: argparse.Namespace) -> Any:
+    """The `workbench.comparison.CompareSpec` of a ``compare`` command line."""
+    from workbench.comparison import CompareSpec
+    from workbench.errors import UserError
+    from workbench.registry import methods, tasks
+
+    def numbers(text: str, kind: Any, flag: str) -> tuple:
+        try:
+            if kind is int and "-" in text.strip("-") and "," not in text:
+                first, last = (int(part) for part in text.split("-"))
+                return tuple(range(first, last + 1))
+            return tuple(kind(part) for part in text.split(",") if part.strip())
+        except ValueError:
+            raise UserError(f"{flag} takes comma-separated numbers{' or FIRST-LAST' if kind is int else ''}, got "
+                            f"{text!r}") from None  # fmt: skip
+
+    method_names = tuple(name for name in args.methods.split(",") if name)
+    method_options: dict[str, dict[str, Any]] = {}
+    for text in args.set:
+        target, equals, value = text.partition("=")
+        method, dot, option = target.partition(".")
+        if not (equals and dot and method and option):
+            raise UserError(f"--set takes METHOD.OPTION=VALUE, got {text!r}")
+        declared = {o.name: o for o in methods.get(method).options}
+        name = option.replace("-", "_")
+        if name not in declared:
+            raise UserError(f"--set {text}: method '{method}' has no option {name} (it takes {sorted(declared)})")
+        kind = declared[name].type
+        method_options.setdefault(method, {})[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(
+            value)  # fmt: skip
+    task_cls = tasks.get(args.domain)
+    options = _given_options(args, {"task": (args.domain, task_cls.options)})["task"]
+    return CompareSpec(
+        domain=args.domain, methods=method_names, reference=args.reference or "", folds=args.folds,
+        seeds=numbers(args.seeds, int, "--seeds"), budget=args.budget, epochs=args.epochs, patience=args.patience,
+        train_size=args.train_size, val_size=args.val_size, batch_size=args.batch_size, learning_rate=args.lr,
+        lr_grid=numbers(args.lr_grid, float, "--lr-grid") if args.lr_grid else (), val_share=args.val_share or 0.2,
+        data=args.data, model=args.model, task_options=options, method_options=method_options,
+    )  # fmt: skip
 
 
 def _add_data_commands(commands: Any, chosen: dict[str, list[str]] | None) -> None:
@@ -398,6 +496,14 @@ def run(argv: Sequence[str] | None = None) -> int:
         )
         request = RunRequest(**given, task_options=options["task"], method_options=options["method"])
         run_request(request, resume=args.resume, quiet=args.quiet)
+    elif args.command == "compare":
+        from datetime import datetime
+
+        from workbench.comparison import compare
+
+        out = args.out or f"runs/compare-{args.domain}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        compare(_compare_spec(args), out, workers=args.workers, executor=args.executor, scheduler=args.scheduler,
+                quiet=args.quiet)  # fmt: skip
     elif args.command == "evaluate":
         metrics = workbench.evaluate(args.run, data=args.data, device=args.device)
         print("\n".join(f"{name:28}{value:12.3f}" for name, value in metrics.items()))

@@ -1,0 +1,147 @@
+"""`workbench compare`: grouped folds, paired statistics against closed forms, claims, resume, executors, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench.cli import run as cli
+from workbench.comparison import CompareSpec, compare, fold_splits
+from workbench.comparison_report import Claim, paired_interval, signed_rank_p
+from workbench.errors import UserError
+
+#: A features comparison small enough for the default suite (the source model pretrains 20 steps).
+TINY = {"epochs": 1, "train_size": 60, "val_size": 20, "batch_size": 20, "task_options": {"pretrain_epochs": 20}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(4, 60), folds=st.integers(2, 6), seed=st.integers(0, 2**31), share=st.floats(0.05, 0.9))
+def test_every_group_is_tested_exactly_once_and_never_trains_against_itself(n, folds, seed, share):
+    groups = [f"g{i}" for i in range(n)]
+    if n < folds + 2 or n - math.ceil(n / folds) < 2:
+        with pytest.raises(UserError, match="lower --folds"):
+            fold_splits(groups, folds, seed, share)
+        return
+    splits = fold_splits(groups, folds, seed, share)
+    assert len(splits) == folds
+    tested = [g for split in splits for g in split["test"]]
+    assert sorted(tested) == sorted(groups)  # each group tested exactly once
+    for split in splits:
+        assert split["val"] and not set(split["val"]) & set(split["test"])
+        assert len(groups) - len(split["val"]) - len(split["test"]) >= 1  # something trains
+    assert fold_splits(groups, folds, seed, share) == splits  # the seed fixes the splits
+
+
+def test_signed_rank_p_matches_the_exact_closed_form():
+    # all n differences of one sign: the exact two-sided p is 2 / 2**n
+    assert signed_rank_p([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]) == pytest.approx(2 / 2**6)
+    assert signed_rank_p([-0.05, 0.1, 0.2, 0.25, 0.4, 0.5, 0.6, 0.7]) == pytest.approx(2 * 2 / 2**8)  # T- = 1: {}, {1}
+    assert signed_rank_p([0.0] * 5) == 1.0
+
+
+def test_paired_interval_is_a_percentile_bootstrap_of_the_mean():
+    assert paired_interval([0.2] * 7) == pytest.approx((0.2, 0.2))
+    values = np.random.default_rng(1).normal(0.5, 1.0, size=400)
+    low, high = paired_interval(values)
+    half = 1.96 * values.std(ddof=1) / math.sqrt(len(values))  # normal approximation for large n
+    assert low == pytest.approx(values.mean() - half, abs=0.03) and high == pytest.approx(values.mean() + half, abs=0.03)
+
+
+def _comparison(differences, lower=()):
+    low, high = paired_interval(differences)
+    paired = {"mean": float(np.mean(differences)), "interval": [low, high], "cells": len(differences)}
+    return {"spec": {"reference": "full"}, "lower_is_better": list(lower),
+            "summary": {"lora": {"metrics": {"m": {"vs_reference": paired}}}}}  # fmt: skip
+
+
+def test_a_claim_holds_only_when_its_interval_clears_the_margin():
+    up = _comparison([0.04, 0.05, 0.06, 0.05, 0.045, 0.055])
+    assert Claim("lora", "m").verdict(up)["holds"]
+    assert not Claim("lora", "m", margin=0.1).verdict(up)["holds"]
+    assert "does not hold" in Claim("lora", "m", margin=0.1).verdict(up)["line"]
+    noise = _comparison([0.04, -0.05, 0.06, -0.05, 0.01, -0.02])
+    assert not Claim("lora", "m").verdict(noise)["holds"]
+    assert Claim("lora", "m", kind="not_worse", margin=0.2).verdict(noise)["holds"]
+    assert not Claim("lora", "m").verdict(_comparison([-0.05] * 6, lower=["m"]))["holds"] is False  # lower: better
+    too_few = Claim("lora", "m").verdict(_comparison([0.05, 0.06, 0.05]))
+    assert not too_few["holds"] and "too few cells" in too_few["line"]
+
+
+def test_compare_runs_every_cell_on_the_same_splits_and_continues_where_it_stopped(tmp_path):
+    spec = CompareSpec("features", ("full", "warmpot"), folds=2, seeds=(0,), **TINY)
+    first = compare(spec, tmp_path / "c", quiet=True)
+    cells = first["cells"]
+    assert len(cells) == 4 and {c["method"] for c in cells} == {"full", "warmpot"}
+    for seed in (0,):
+        splits = {m: [c["split"] for c in cells if c["seed"] == seed and c["method"] == m] for m in ("full", "warmpot")}
+        assert splits["full"] == splits["warmpot"]  # every method on the same cells
+        tested = [g for split in splits["full"] for g in split["test"]]
+        assert len(tested) == len(set(tested)) == first["groups_per_seed"][str(seed)]
+    assert first["budget_note"] == "every method took the same optimizer steps in every cell"
+    paired = first["summary"]["warmpot"]["metrics"]["accuracy"]["vs_reference"]
+    assert paired["cells"] == 2 and paired["verdict"].startswith("too few cells")
+    assert (tmp_path / "c" / "report.md").read_text().count("| warmpot |") == 1
+    assert (tmp_path / "c" / "forest.png").stat().st_size > 0
+
+    # an interrupted compare: one cell lost its record and its run never finished
+    cell = tmp_path / "c" / "cells" / "warmpot" / "fold1-seed0"
+    (cell / "cell.json").unlink()
+    (cell / "metrics.json").unlink()
+    kept = (tmp_path / "c" / "cells" / "full" / "fold0-seed0" / "cell.json").stat().st_mtime_ns
+    again = compare(spec, tmp_path / "c", quiet=True)
+    assert (tmp_path / "c" / "cells" / "full" / "fold0-seed0" / "cell.json").stat().st_mtime_ns == kept
+    assert [c["metrics"] for c in again["cells"]] == [c["metrics"] for c in cells]
+
+    with pytest.raises(UserError, match="batch-size 64 is larger than --train-size 60"):
+        compare(CompareSpec("features", ("full",), folds=2, **{**TINY, "batch_size": 64}), tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
+    with pytest.raises(UserError, match="other settings"):
+        compare(CompareSpec("features", ("full", "warmpot"), folds=3, seeds=(0,), **TINY), tmp_path / "c")
+
+
+def test_a_dask_cluster_gives_the_local_executors_numbers(tmp_path):
+    pytest.importorskip("distributed")
+    spec = CompareSpec("features", ("pada",), folds=2, seeds=(3,), **TINY)
+    local = compare(spec, tmp_path / "local", workers=2, quiet=True)
+    dask = compare(spec, tmp_path / "dask", workers=2, executor="dask", quiet=True)
+    assert [c["metrics"] for c in dask["cells"]] == [c["metrics"] for c in local["cells"]]
+    assert {c["threads"] for c in dask["cells"]} == {c["threads"] for c in local["cells"]}
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--methods", "full,nosuch"], "nosuch"),
+        (["--methods", "full,warmpot", "--folds", "1"], "--folds must be at least 2"),
+        (["--methods", "full,warmpot", "--reference", "pada"], "--reference pada is not one of"),
+        (["--methods", "full,warmpot", "--seeds", "1-x"], "--seeds takes comma-separated numbers"),
+        (["--methods", "full,warmpot", "--set", "warmpot.nosuch=1"], "has no option nosuch"),
+        (["--methods", "full,full"], "names a method twice"),
+    ],
+)
+def test_compare_refuses_bad_command_lines_in_one_line(flags, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        from workbench.cli import main
+
+        main(["compare", "--domain", "features", *flags, "--out", str(tmp_path / "x")])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error
+    assert not (tmp_path / "x").exists()
+
+
+def test_compare_from_the_command_line_with_a_task_option(tmp_path):
+    out = tmp_path / "cli"
+    code = cli(["compare", "--domain", "features", "--methods", "full,warmpot", "--folds", "2", "--seeds", "5",
+                "--epochs", "1", "--train-size", "60", "--val-size", "20", "--batch-size", "20", "--pretrain-epochs", "20",
+                "--set", "warmpot.mass=0.3", "--out", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    spec = json.loads((out / "spec.json").read_text())
+    assert spec["task_options"] == {"pretrain_epochs": 20} and spec["seeds"] == [5]
+    assert spec["method_options"] == {"warmpot": {"mass": 0.3}}
+    assert json.loads((out / "comparison.json").read_text())["summary"]["warmpot"]["cells"] == 2
