@@ -383,7 +383,8 @@ class EcgSet:
     Shapes:
         signals (n_records, n_leads, n_samples) float32 [z-scored units, or mV without z-score];
         labels (n_records, n_classes) float32 multi-hot; record_ids, lengths (real samples before the
-        zero padding), folds (PTB-XL ``strat_fold``), sites: (n_records,).
+        zero padding), folds (PTB-XL ``strat_fold``), sites, patients (PTB-XL ``patient_id``; "" where the table has
+        a gap): (n_records,).
     """
 
     signals: np.ndarray
@@ -394,6 +395,8 @@ class EcgSet:
     lengths: np.ndarray
     folds: np.ndarray | None = None
     sites: np.ndarray | None = None
+    #: The patient of each record (PTB-XL's ``patient_id`` as text); None where the data have no patient ids.
+    patients: np.ndarray | None = None
     leads: tuple[str, ...] = LEADS
     skipped: SkipReport = field(default_factory=SkipReport)
     #: Records dropped because none of their labels maps to one of ``classes`` (``unlabelled="drop"``).
@@ -416,6 +419,7 @@ class EcgSet:
             lengths=self.lengths[index],
             folds=None if self.folds is None else self.folds[index],
             sites=None if self.sites is None else self.sites[index],
+            patients=None if self.patients is None else self.patients[index],
         )
 
     def split(self, folds: Mapping[str, Iterable[int]] = PTBXL_FOLDS) -> dict[str, EcgSet]:
@@ -646,9 +650,7 @@ def read_ptbxl(
     order = _ptbxl_columns(resolution, settings)
     _read_ptbxl_records(collector, root, database, order, rates, progress, allow_outside)
     kept = collector.kept
-    sites = None
-    if "site" in database.columns:
-        sites = np.array([_site_name(value) for value in database["site"].to_numpy()[kept]], dtype=str)
+    sites, patients = (_id_column(database, column, kept) for column in ("site", "patient_id"))
     return EcgSet(
         signals=collector.signals(root),
         labels=_multi_hot([label_lists[i] for i in kept], classes),
@@ -658,6 +660,7 @@ def read_ptbxl(
         lengths=np.array(collector.lengths, dtype=np.int64),
         folds=database["strat_fold"].to_numpy()[kept].astype(np.int64),
         sites=sites,
+        patients=patients,
         leads=settings.leads,
         skipped=collector.skipped,
         unlabelled=dropped,
@@ -714,8 +717,15 @@ def _read_ptbxl_records(
         collector.add(position, path, expected_rate_hz=rates.get(column), where=where)
 
 
-def _site_name(value) -> str:
-    """PTB-XL's ``site`` (a float column with gaps) as text: 2.0 -> "2", NaN -> ""."""
+def _id_column(database, column: str, rows: Sequence[int]) -> np.ndarray | None:
+    """``column`` of the table's ``rows`` as text ids (`_id_text`); None when the table has no such column."""
+    if column not in database.columns:
+        return None
+    return np.array([_id_text(value) for value in database[column].to_numpy()[rows]], dtype=str)
+
+
+def _id_text(value) -> str:
+    """An id of PTB-XL's table (``site``, ``patient_id``: float columns with gaps) as text: 2.0 -> "2", NaN -> ""."""
     if isinstance(value, (float, np.floating)):
         return "" if np.isnan(value) else (str(int(value)) if float(value).is_integer() else str(value))
     return str(value)

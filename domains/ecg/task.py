@@ -22,6 +22,12 @@ Data:
   CinC 2021 has no folds and no patient ids: the records are split at random by record, seeded by ``--seed``
   (`CINC_SPLIT`: 60 % train, 20 % validation, 20 % test).
 
+Grouped folds (``workbench compare``, `PtbXl.hold_out`): a fold holds out whole patients — PTB-XL's ``patient_id``,
+the reason its own folds are patient-wise: no patient's records are in two splits. The held-out ``val`` patients'
+records are the validation split (thresholds, early stopping), the ``test`` patients' the test split, every other
+patient's records train. The embedded set has one record per patient (``patient_id`` 10000 + ``ecg_id``). CinC 2021
+folders have no patient ids: there each record is its own group (`PtbXl.group_kind` "record").
+
 Records are preprocessed for the model (`PREPROCESSING`: 1–47 Hz zero-phase band-pass, per-lead z-score,
 100 Hz, the first 1000 samples). Bad records are skipped and listed in the log (``--on-bad-record raise``
 stops instead), never zero-filled.
@@ -60,12 +66,12 @@ from workbench.domains.ecg.readers import (
     read_record,
 )
 
-from workbench.errors import UserError
+from workbench.errors import UserError, field_error
 from workbench.metrics import choose_thresholds, multilabel_scores
 from workbench.options import Option
 from workbench.records import BadRecordError
 from workbench.registry import tasks
-from workbench.task import Evaluation, Predictions, Task, TaskData, to_device
+from workbench.task import Evaluation, Predictions, Task, TaskData, held_out_groups, to_device
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +99,29 @@ class EcgSample:
 
 @dataclass
 class EcgSplits:
-    """What `PtbXl.read` returns: the target's splits and where they came from."""
+    """What `PtbXl.read` returns: the target's records, the records of each split and where they came from.
 
-    train: EcgSet
-    val: EcgSet
-    test: EcgSet
+    Shapes: index["train" | "val" | "test"] (n_split,) int64, positions in ``records`` in file order; records in no
+    split (PTB-XL rows outside folds 1–10) are not used.
+    """
+
+    records: EcgSet
+    index: dict[str, np.ndarray]
     source: str
     description: str
 
+    def samples(self, name: str, size: int | None = None, rng: np.random.Generator | None = None) -> list[EcgSample]:
+        """The split ``name``'s records, or at most ``size`` of them drawn with ``rng``, in file order."""
+        index = self.index[name]
+        if size is not None:
+            index = index[np.sort((rng or np.random.default_rng()).permutation(len(index))[:size])]
+        records = self.records
+        return [EcgSample(records.signals[i], records.labels[i], str(records.record_ids[i])) for i in index]
 
-def _samples(records: EcgSet) -> list[EcgSample]:
-    return [EcgSample(records.signals[i], records.labels[i], str(records.record_ids[i])) for i in range(len(records))]
+    def class_counts(self, name: str) -> dict[str, int]:
+        """Positive records per class in the split ``name``."""
+        counts = self.records.labels[self.index[name]].sum(axis=0)
+        return {label: int(count) for label, count in zip(self.records.classes, counts)}
 
 
 @tasks.register
@@ -119,7 +137,9 @@ class PtbXl(Task):
     extra = "ecg"
     default_model = "ecg"
     default_method = "htuning"
-    capabilities = frozenset({"predict"})
+    capabilities = frozenset({"predict", "folds"})
+    #: "patient" (PTB-XL's layout, the embedded set); "record" for CinC 2021 folders, which have no patient ids.
+    group_kind = "patient"
     #: ``distill`` learns from the model the chosen method adapted (a 12-lead student; ``--n-leads`` 3 or 1).
     baselines = ("full", "lora", "distill")
     metrics = ("macro_auroc", "macro_average_precision", "macro_f1")
@@ -164,8 +184,8 @@ class PtbXl(Task):
             records = read_embedded(PREPROCESSING, on_error=self.config["on_bad_record"])
             if site not in set(records.sites.tolist()):
                 raise UserError(f"--target-site {site}: the embedded data has sites {sorted(set(records.sites))}")
-            target = records.subset(records.sites == site)
-            splits = target.split(EMBEDDED_FOLDS)
+            records = records.subset(records.sites == site)
+            index = _fold_index(records, EMBEDDED_FOLDS)
             source = f"{EMBEDDED_PTBXL} (site {site})"
             description = f"embedded synthetic PTB-XL, target site {site} (folds 1-5 / 6-7 / 8-10)"
         else:
@@ -173,16 +193,16 @@ class PtbXl(Task):
             records = self._read_folder(path)
             source = str(path)
             if records.folds is None:
-                splits = _random_split(records, seed)
-                sizes = "/".join(str(len(splits[name])) for name in CINC_SPLIT)
+                index = _random_split(records, seed)
+                sizes = "/".join(str(len(index[name])) for name in CINC_SPLIT)
                 description = (
                     f"CinC 2021 records at {path}: no folds, split at random by record with seed {seed} "
                     f"(train/val/test {sizes})"
                 )
             else:
-                splits = records.split(PTBXL_FOLDS)
+                index = _fold_index(records, PTBXL_FOLDS)
                 description = f"PTB-XL layout at {path} (folds 1-8 / 9 / 10)"
-                outside = len(records) - sum(len(part) for part in splits.values())
+                outside = len(records) - sum(len(part) for part in index.values())
                 if outside:
                     log.warning("%s: %d record(s) have a strat_fold outside 1-10 and are not used", path, outside)
             if records.unlabelled:
@@ -195,10 +215,8 @@ class PtbXl(Task):
                 ", ".join(records.unlabelled[:10]) + (" ..." if len(records.unlabelled) > 10 else ""),
             )
         self.skipped = records.skipped
-        for name in ("train", "val", "test"):
-            if len(splits[name]) == 0:
-                raise UserError(f"{source}: the {name} split has no usable record")
-        return EcgSplits(splits["train"], splits["val"], splits["test"], source, description)
+        self.group_kind = "record" if records.patients is None else "patient"
+        return _checked(EcgSplits(records, index, source, description))
 
     def _read_folder(self, path: Path) -> EcgSet:
         """``path`` in PTB-XL's layout (``ptbxl_database.csv`` there) or as CinC 2021 records (``*.hea`` below)."""
@@ -221,15 +239,15 @@ class PtbXl(Task):
         self, model: nn.Module, raw: EcgSplits, train_size: int, val_size: int, seed: int
     ) -> tuple[TaskData, dict[str, Any]]:
         rng = np.random.default_rng(seed)
-        train = _samples(raw.train.subset(np.sort(rng.permutation(len(raw.train))[:train_size])))
-        val = _samples(raw.val.subset(np.sort(rng.permutation(len(raw.val))[:val_size])))
-        test = _samples(raw.test)
+        train = raw.samples("train", train_size, rng)
+        val = raw.samples("val", val_size, rng)
+        test = raw.samples("test")
         self._val = val
         summary = {
             "data": raw.description,
             "records": {"train": len(train), "val": len(val), "test": len(test)},
-            "test_class_counts": raw.test.class_counts(),
-            "train_class_counts": raw.train.class_counts(),
+            "test_class_counts": raw.class_counts("test"),
+            "train_class_counts": raw.class_counts("train"),
         }
         data = TaskData(train, val, test, raw.source, summary)
         return data, self._state(self._thresholds(model, val))
@@ -255,7 +273,33 @@ class PtbXl(Task):
         model.ecg_thresholds = [float(t) for t in state["thresholds"]]
 
     def test_samples(self, model: nn.Module, raw: EcgSplits) -> list[EcgSample]:
-        return _samples(raw.test)
+        return raw.samples("test")
+
+    # -- grouped folds ---------------------------------------------------------------------------
+    def split_groups(self, raw: EcgSplits) -> list[str]:
+        """The patients of the records in a split (the records themselves where the data have no patient ids)."""
+        return sorted(set(_record_groups(raw)[np.concatenate(list(raw.index.values()))].tolist()))
+
+    def hold_out(self, raw: EcgSplits, split: Mapping[str, Sequence[str]]) -> EcgSplits:
+        """``raw`` re-split by patient (record, for CinC 2021): the records of the ``split["test"]`` patients are the
+        test split, of the ``split["val"]`` patients the validation split (per-class thresholds, early stopping: the
+        split must name some), of every other patient of `split_groups` the training split.
+
+        Raises:
+            UserError: (naming the data) an unknown patient, one in both splits, no test or no validation patient.
+        """
+        parts = held_out_groups(self.split_groups(raw), split, raw.source, self.group_kind)
+        if not parts["val"]:
+            raise UserError(
+                f"{raw.source}: the split holds out no validation {self.group_kind}; the ptbxl task chooses its "
+                f"thresholds and stops early on validation records, so name 'val' {self.group_kind}s too"
+            )
+        groups = _record_groups(raw)
+        used = np.sort(np.concatenate(list(raw.index.values())))
+        index = {name: used[np.isin(groups[used], parts[name])] for name in ("train", "val", "test")}
+        sizes = "/".join(str(len(index[name])) for name in ("train", "val", "test"))
+        description = f"{raw.description}; re-split by held-out {self.group_kind}s (train/val/test records {sizes})"
+        return _checked(EcgSplits(raw.records, index, raw.source, description))
 
     # -- training and scoring --------------------------------------------------------------------
     def collate(self, samples: Sequence[EcgSample], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,13 +423,47 @@ def _preprocessing(content: Mapping[str, Any]) -> EcgPreprocessing:
     return EcgPreprocessing(**content)
 
 
-def _random_split(records: EcgSet, seed: int) -> dict[str, EcgSet]:
-    """Records without folds split by `CINC_SPLIT` in a permutation seeded by ``seed`` (each part in file order)."""
+def _fold_index(records: EcgSet, folds: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+    """The records of each split by fold number (positions, in file order)."""
+    return {name: np.flatnonzero(np.isin(records.folds, list(numbers))) for name, numbers in folds.items()}
+
+
+def _random_split(records: EcgSet, seed: int) -> dict[str, np.ndarray]:
+    """Records without folds split by `CINC_SPLIT` in a permutation seeded by ``seed`` (positions, in file order)."""
     order = np.random.default_rng(seed).permutation(len(records))
     n_test = round(CINC_SPLIT["test"] * len(records))
     n_val = round(CINC_SPLIT["val"] * len(records))
     parts = {"test": order[:n_test], "val": order[n_test : n_test + n_val], "train": order[n_test + n_val :]}
-    return {name: records.subset(np.sort(parts[name])) for name in CINC_SPLIT}
+    return {name: np.sort(parts[name]) for name in CINC_SPLIT}
+
+
+def _checked(splits: EcgSplits) -> EcgSplits:
+    """``splits``, each split holding a record.
+
+    Raises:
+        UserError: (naming the data) an empty split.
+    """
+    for name in ("train", "val", "test"):
+        if len(splits.index[name]) == 0:
+            raise UserError(f"{splits.source}: the {name} split has no usable record")
+    return splits
+
+
+def _record_groups(raw: EcgSplits) -> np.ndarray:
+    """The fold group of each record (n_records,) str: its patient, or the record where the data have no patient ids.
+
+    Raises:
+        UserError: (naming the table and field) a record whose patient id is missing.
+    """
+    records = raw.records
+    if records.patients is None:
+        return records.record_ids
+    missing = np.flatnonzero(records.patients == "")
+    if len(missing):
+        table = Path(records.source) / "ptbxl_database.csv"
+        found = f"none for ecg_id {', '.join(records.record_ids[missing[:5]])}"
+        raise field_error(table, "patient_id", "a patient for every record (folds hold out whole patients)", found)
+    return records.patients
 
 
 def _device(model: nn.Module) -> torch.device:

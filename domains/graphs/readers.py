@@ -46,6 +46,9 @@ class GraphPair:
     #: Where the pair came from, a path or a short name (``workbench evaluate`` names its output after it).
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    #: (n_T,) bool: the target nodes scored as the test split when a fold chose them (`CSBMTask.hold_out`); None:
+    #: every labelled target node.
+    test_nodes: torch.Tensor | None = None
 
 
 def degree_one_hot(edge_index: torch.Tensor, n_nodes: int, max_degree: int = AIRPORT_MAX_DEGREE) -> np.ndarray:

@@ -16,6 +16,12 @@ train on and only score the result on the test sample: accuracy and macro F1 ove
 nodes, ``source_accuracy`` on the held-out source nodes beside them, and in ``metrics.json`` the target's
 edge homophily under the model's *predicted* labels (``predicted_target_homophily``).
 
+Grouped folds (``workbench compare``, `CSBMTask.hold_out`): the groups are the target graph's labelled nodes
+(``node<i>``, i the node's index in the target graph), the only nodes a score is computed on. A fold's ``test``
+nodes are the scored ones; every target node stays in the unlabelled target graph the methods train on (as without
+folds: no target label reaches training), and validation stays on held-out source nodes, so the labels of a fold's
+``val`` nodes are neither scored nor used. The source graph is not grouped: none of its nodes is scored.
+
 Base model and "before": the task's base model is the registered ``gnn`` model, a `GraphNet` with HGDA's
 mixed-filter encoder, freshly initialised from the seed (``--model gcn`` or ``graph-mlp`` picks another
 registered encoder, ``--model FILE`` a saved `GraphNet`). The "before" row scores that model untrained —
@@ -31,7 +37,7 @@ Shapes:
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -48,7 +54,7 @@ from workbench.metrics import classification_scores
 from workbench.options import Option
 from workbench.records import SkipReport
 from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData
+from workbench.task import Evaluation, Task, TaskData, held_out_groups
 
 log = logging.getLogger("workbench")
 
@@ -82,6 +88,16 @@ def without_labels(graph: Graph) -> Graph:
     return Graph(graph.x, graph.edge_index, torch.full_like(graph.y, -1), graph.name, graph._propagators)
 
 
+def scored_target(pair: GraphPair) -> Graph:
+    """The target graph whose known labels are the scored ones: ``pair.test_nodes`` when a fold chose them, else every
+    labelled node (shared tensors and propagator cache)."""
+    graph = pair.target_graph
+    if pair.test_nodes is None:
+        return graph
+    y = torch.where(pair.test_nodes, graph.y, torch.full_like(graph.y, -1))
+    return Graph(graph.x, graph.edge_index, y, graph.name, graph._propagators)
+
+
 def split_source(graph: Graph, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(train_mask, val_mask) over the source's labelled nodes, a seeded random split."""
     labelled = torch.nonzero(graph.labelled).flatten()
@@ -109,7 +125,8 @@ class CSBMTask(Task):
     extra = "graphs"
     default_model = "gnn"
     default_method = "homophily"
-    capabilities = frozenset({"target_pool"})
+    capabilities = frozenset({"target_pool", "folds"})
+    group_kind = "target node"
     baselines = ("mixed-filters", "full@gcn", "full@graph-mlp", "udagcn@gcn")
     metrics = ("accuracy", "macro_f1", "source_accuracy")
     metrics_note = (
@@ -217,7 +234,7 @@ class CSBMTask(Task):
             )
         train_mask, val_mask = split_source(raw.source_graph, self.config["source_val_fraction"], seed)
         training = PairSample(raw.source_graph, without_labels(raw.target_graph), train_mask, val_mask)
-        test = PairSample(raw.source_graph, raw.target_graph, train_mask, val_mask)
+        test = PairSample(raw.source_graph, scored_target(raw), train_mask, val_mask)
         h_source, h_target = homophily(raw.source_graph), homophily(raw.target_graph)
         self.target_homophily = h_target["edge"]
         gap = h_target["edge"] - h_source["edge"]
@@ -234,6 +251,7 @@ class CSBMTask(Task):
             "source_train_nodes": int(train_mask.sum()),
             "source_val_nodes": int(val_mask.sum()),
             "target_labelled_nodes": int(raw.target_graph.labelled.sum()),
+            "target_test_nodes": int(test.target.labelled.sum()),
             "homophily": {"source": h_source, "target": h_target},
         }
         data = TaskData([training], [training], [test], f"{raw.description}; {diagnostics}", summary, [training])
@@ -257,7 +275,26 @@ class CSBMTask(Task):
                 f"{raw.target_graph.name}: {raw.target_graph.x.shape[1]} node features; the model takes {expected}"
             )
         everything = raw.source_graph.labelled.clone()
-        return [PairSample(raw.source_graph, raw.target_graph, everything, everything)]
+        return [PairSample(raw.source_graph, scored_target(raw), everything, everything)]
+
+    # -- grouped folds ---------------------------------------------------------------------------
+    def split_groups(self, raw: GraphPair) -> list[str]:
+        """The target graph's labelled nodes, one group each (``node<i>``, i the node's index in the target graph)."""
+        return [f"node{i}" for i in torch.nonzero(raw.target_graph.labelled).flatten().tolist()]
+
+    def hold_out(self, raw: GraphPair, split: Mapping[str, Sequence[str]]) -> GraphPair:
+        """``raw`` with the target nodes ``split["test"]`` as the scored test nodes. Training never sees a target
+        label and validation stays on held-out source nodes, so the labels of ``split["val"]`` nodes are neither
+        scored nor used (the nodes stay in the unlabelled target graph, as every target node).
+
+        Raises:
+            UserError: (naming the target graph) an unknown node, one in both splits, or no test node.
+        """
+        target = raw.target_graph
+        parts = held_out_groups(self.split_groups(raw), split, target.name, self.group_kind)
+        test_nodes = torch.zeros(target.n_nodes, dtype=torch.bool)
+        test_nodes[[int(group.removeprefix("node")) for group in parts["test"]]] = True
+        return replace(raw, test_nodes=test_nodes)
 
     # -- training and scoring --------------------------------------------------------------------
     def collate(self, samples: Sequence[PairSample], device: torch.device) -> PairSample:
