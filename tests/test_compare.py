@@ -53,21 +53,25 @@ def test_paired_interval_is_a_percentile_bootstrap_of_the_mean():
 
 
 def _comparison(differences, lower=()):
-    low, high = paired_interval(differences)
-    paired = {"mean": float(np.mean(differences)), "interval": [low, high], "cells": len(differences)}
-    return {"spec": {"reference": "full"}, "lower_is_better": list(lower),
-            "summary": {"lora": {"metrics": {"m": {"vs_reference": paired}}}}}  # fmt: skip
+    cells = [{"method": "full", "fold": k, "seed": 100, "metrics": {"m": 0.5}} for k in range(len(differences))]
+    cells += [{"method": "lora", "fold": k, "seed": 100, "metrics": {"m": 0.5 + d}} for k, d in enumerate(differences)]
+    return {"spec": {"reference": "full"}, "lower_is_better": list(lower), "cells": cells}
 
 
 def test_a_claim_holds_only_when_its_interval_clears_the_margin():
     up = _comparison([0.04, 0.05, 0.06, 0.05, 0.045, 0.055])
     assert Claim("lora", "m").verdict(up)["holds"]
+    assert Claim("lora", "m").verdict(up)["difference"] == pytest.approx(0.05)
     assert not Claim("lora", "m", margin=0.1).verdict(up)["holds"]
     assert "does not hold" in Claim("lora", "m", margin=0.1).verdict(up)["line"]
+    assert not Claim("full", "m", against="lora").verdict(up)["holds"]  # the other way round
     noise = _comparison([0.04, -0.05, 0.06, -0.05, 0.01, -0.02])
     assert not Claim("lora", "m").verdict(noise)["holds"]
     assert Claim("lora", "m", kind="not_worse", margin=0.2).verdict(noise)["holds"]
-    assert not Claim("lora", "m").verdict(_comparison([-0.05] * 6, lower=["m"]))["holds"] is False  # lower: better
+    down = _comparison([-0.05, -0.04, -0.06, -0.05, -0.03, -0.05])
+    assert Claim("lora", "m").verdict(_comparison([-0.05] * 6, lower=["m"]))["holds"]  # an error that fell
+    assert Claim("lora", "m", direction="lower").verdict(down)["holds"]
+    assert not Claim("lora", "m").verdict(down)["holds"]
     too_few = Claim("lora", "m").verdict(_comparison([0.05, 0.06, 0.05]))
     assert not too_few["holds"] and "too few cells" in too_few["line"]
 

@@ -261,7 +261,8 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
     )
     flags = compare.add_argument_group("comparison options")
     flags.add_argument("--domain", required=True, help="task name (see `workbench list`)")
-    flags.add_argument("--methods", required=True, help="comma-separated methods")
+    flags.add_argument("--methods", required=True,
+                       help="comma-separated METHOD[@MODEL][:VARIANT], e.g. lora,full,full@eegnet,lora:qkv")  # fmt: skip
     flags.add_argument("--reference", help="the method the others are paired against (default: the first)")
     flags.add_argument("--folds", type=int, default=5, help="grouped folds per seed (default: 5)")
     flags.add_argument("--seeds", default=str(FIRST_REPORTED_SEED),
@@ -280,7 +281,7 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
         flags.add_argument(f"--{name}", type=kind, help=text)
     flags.add_argument("--lr-grid", help="learning rates each method chooses from per cell on validation loss")
     flags.add_argument("--set", action="append", default=[], metavar="METHOD.OPTION=VALUE",
-                       help="an option of one method (repeatable), e.g. --set lora.rank=8")  # fmt: skip
+                       help="an option of one compared entry (repeatable), e.g. --set lora:qkv.targets=qkv")  # fmt: skip
     flags.add_argument("--data", help="your data (default: the task's embedded data)")
     flags.add_argument("--model", help="a registered model or checkpoint (default: the task's model)")
     flags.add_argument("--out", help="output folder (default: runs/compare-<task>-<time>)")
@@ -294,7 +295,7 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
 
 def _compare_spec(args: argparse.Namespace) -> Any:
     """The `workbench.comparison.CompareSpec` of a ``compare`` command line."""
-    from workbench.comparison import CompareSpec
+    from workbench.comparison import CompareSpec, parse_label
     from workbench.errors import UserError
     from workbench.registry import methods, tasks
 
@@ -312,15 +313,16 @@ def _compare_spec(args: argparse.Namespace) -> Any:
     method_options: dict[str, dict[str, Any]] = {}
     for text in args.set:
         target, equals, value = text.partition("=")
-        method, dot, option = target.partition(".")
-        if not (equals and dot and method and option):
-            raise UserError(f"--set takes METHOD.OPTION=VALUE, got {text!r}")
+        label, dot, option = target.rpartition(".")
+        if not (equals and dot and label and option):
+            raise UserError(f"--set takes METHOD.OPTION=VALUE (METHOD as --methods names it), got {text!r}")
+        method = parse_label(label)[0]
         declared = {o.name: o for o in methods.get(method).options}
         name = option.replace("-", "_")
         if name not in declared:
             raise UserError(f"--set {text}: method '{method}' has no option {name} (it takes {sorted(declared)})")
         kind = declared[name].type
-        method_options.setdefault(method, {})[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(
+        method_options.setdefault(label, {})[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(
             value)  # fmt: skip
     task_cls = tasks.get(args.domain)
     options = _given_options(args, {"task": (args.domain, task_cls.options)})["task"]

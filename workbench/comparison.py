@@ -25,6 +25,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from tqdm.auto import tqdm
 from workbench.checkpoint import write_json
 from workbench.config import resolve_config
 from workbench.errors import UserError
-from workbench.registry import methods, tasks
+from workbench.registry import methods, models, tasks
 from workbench.rundir import claim_run_dir
 
 #: Budget policies: the same for every method of a comparison.
@@ -47,11 +48,21 @@ EXECUTORS = ("local", "dask")
 FIRST_REPORTED_SEED = 100
 
 
+def parse_label(label: str) -> tuple[str, str | None]:
+    """(method, registered model or None) of a compared entry ``METHOD[@MODEL][:VARIANT]``: ``full@eegnet`` is full
+    training of the model ``eegnet``; ``lora:qkv`` is the method ``lora`` with the options `CompareSpec.
+    method_options` gives the label ``lora:qkv`` (a variant compared beside plain ``lora``)."""
+    entry = label.split(":", 1)[0]
+    method, _, model = entry.partition("@")
+    return method, model or None
+
+
 @dataclass(frozen=True)
 class CompareSpec:
     """What a comparison runs: everything that determines its numbers (``spec.json``)."""
 
     domain: str
+    #: Compared entries, ``METHOD[@MODEL][:VARIANT]`` (`parse_label`).
     methods: tuple[str, ...]
     #: The method every other is paired against (default: the first).
     reference: str = ""
@@ -74,7 +85,7 @@ class CompareSpec:
     data: str | None = None
     model: str | None = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
-    #: Options per method name.
+    #: Options per compared entry (its label in `methods`).
     method_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -92,8 +103,13 @@ class CompareSpec:
             raise UserError("--methods names no method")
         if len(set(self.methods)) != len(self.methods):
             raise UserError(f"--methods names a method twice: {','.join(self.methods)}")
-        for name in self.methods:
-            methods.get(name)
+        for label in self.methods:
+            if not re.fullmatch(r"[A-Za-z0-9_.+-]+(@[A-Za-z0-9_.+-]+)?(:[A-Za-z0-9_.+=-]+)?", label):
+                raise UserError(f"--methods: {label!r} is not METHOD[@MODEL][:VARIANT] (letters, digits, _.+-)")
+            method, model = parse_label(label)
+            methods.get(method)
+            if model is not None:
+                models.get(model)
         if self.reference not in self.methods:
             raise UserError(f"--reference {self.reference} is not one of --methods {','.join(self.methods)}")
         unknown = set(self.method_options) - set(self.methods)
@@ -215,12 +231,13 @@ def cell_request(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | Non
 
     epochs = spec.epochs if spec.epochs is not None else tasks.get(spec.domain).defaults.get(
         "epochs", TrainSettings.epochs)  # fmt: skip
+    method, model = parse_label(cell.method)
     return RunRequest(
         domain=spec.domain,
-        method=cell.method,
+        method=method,
         baselines=(),
         data=spec.data,
-        model=spec.model,
+        model=model or spec.model,
         out=str(run_dir),
         epochs=epochs,
         train_size=spec.train_size,
@@ -242,7 +259,7 @@ def _cell_run(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, 
 
     request = cell_request(spec, cell, run_dir, rate, threads)
     run = run_request(request, resume=(run_dir / "config.yaml").is_file(), quiet=True)
-    result = json.loads((run.path / "results" / f"{cell.method}.json").read_text())
+    result = json.loads((run.path / "results" / f"{request.method}.json").read_text())
     history = result.get("history", [])
     last_stage = history[-1].get("stage") if history else None
     val_losses = [row["val_loss"] for row in history if row.get("stage") == last_stage and row.get("selectable", 1)]
@@ -266,12 +283,12 @@ def _cell_run(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, 
 def _quiet_logs() -> Iterator[None]:
     """The runs of a cell log into their own ``log.txt`` only (the console shows the comparison's progress)."""
     logger = logging.getLogger("workbench")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
+    propagate = logger.propagate
+    logger.propagate = False
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def compare(

@@ -138,34 +138,45 @@ def _budget_note(spec: Any, records: list[dict]) -> str:
 # -- claims ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Claim:
-    """A claim a benchmark tests: ``method`` vs the reference on ``metric``.
+    """A claim a benchmark tests: ``method`` against ``against`` (default: the reference) on ``metric``, paired over
+    the cells both have.
 
-    ``kind`` "better": the interval of the difference lies beyond ``margin`` in the metric's better direction;
-    "not_worse": it lies above ``-margin`` (non-inferiority within ``margin``).
+    ``kind`` "better": the 95 % interval of the difference lies beyond ``margin`` in the metric's better direction;
+    "not_worse": it lies above ``-margin`` (non-inferiority within ``margin``). ``direction`` "higher" / "lower"
+    names the better direction of a metric the task does not list (a diagnostic such as a weight share).
     """
 
     method: str
     metric: str
     kind: str = "better"
     margin: float = 0.0
+    against: str = ""
+    direction: str = ""
     text: str = ""
 
     def verdict(self, comparison: Mapping[str, Any]) -> dict[str, Any]:
-        """``{"holds": bool, "line": "holds: ..." / "does not hold: ...", "difference", "interval"}``."""
-        paired = comparison["summary"][self.method]["metrics"][self.metric]["vs_reference"]
-        sign = -1 if self.metric in comparison["lower_is_better"] else 1
-        low, high = sorted(sign * bound for bound in paired["interval"])  # in the better direction
-        enough = paired["cells"] >= MIN_CELLS_FOR_VERDICT
+        """``{"holds": bool, "line": "holds: ..." / "does not hold: ...", "difference", "interval", "cells"}``."""
+        against = self.against or comparison["spec"]["reference"]
+        theirs = {(c["fold"], c["seed"]): c["metrics"] for c in comparison["cells"] if c["method"] == against}
+        pairs = [(c["metrics"][self.metric], theirs[(c["fold"], c["seed"])][self.metric])
+                 for c in comparison["cells"] if c["method"] == self.method and (c["fold"], c["seed"]) in theirs]  # fmt: skip
+        differences = [mine - other for mine, other in pairs]
+        interval = paired_interval(differences)
+        lower = self.direction == "lower" or (not self.direction and self.metric in comparison["lower_is_better"])
+        sign = -1 if lower else 1
+        low = min(sign * interval[0], sign * interval[1])  # the interval's bound nearest "worse"
+        enough = len(differences) >= MIN_CELLS_FOR_VERDICT
         holds = enough and (low > self.margin if self.kind == "better" else low > -self.margin)
-        reference = comparison["spec"]["reference"]
-        bound = f"> {self.margin:+g}" if self.kind == "better" else f"> {-self.margin:+g}"
+        bound = f"{self.margin:+g}" if self.kind == "better" else f"{-self.margin:+g}"
+        mean = float(np.mean(differences)) if differences else float("nan")
         line = (
-            f"{'holds' if holds else 'does not hold'}: {self.method} − {reference} on {self.metric} "
-            f"{paired['mean']:+.3f} [{paired['interval'][0]:+.3f}, {paired['interval'][1]:+.3f}] "
-            f"(95 % interval over {paired['cells']} cells; claim: better-direction bound {bound})"
+            f"{'holds' if holds else 'does not hold'}: {self.method} − {against} on {self.metric} {mean:+.3f} "
+            f"[{interval[0]:+.3f}, {interval[1]:+.3f}] over {len(differences)} cells, p={signed_rank_p(differences):.2g} "
+            f"(holds when the interval clears {bound} towards {'lower' if lower else 'higher'})"
             + ("" if enough else f"; too few cells for a verdict (< {MIN_CELLS_FOR_VERDICT})")
         )
-        return {"holds": bool(holds), "line": line, "difference": paired["mean"], "interval": paired["interval"]}
+        return {"holds": bool(holds), "line": line, "difference": mean, "interval": list(interval),
+                "cells": len(differences)}  # fmt: skip
 
 
 # -- writing -------------------------------------------------------------------------------------------------------

@@ -1,0 +1,144 @@
+"""Benchmarks as definitions on `workbench compare`, and the README's claim tables rendered from their results.
+
+A method-comparison benchmark (``benchmarks/<name>.py``) is a `Benchmark`: what to compare, on what data, which
+claims it tests and their margins. ``python benchmarks/<name>.py`` runs it (`run`: the comparison in
+``benchmarks/runs/<name>/``, resumable) and writes ``benchmarks/results/<name>.json`` with every cell, the summary and
+each claim's verdict, computed from the paired interval. README.md holds each benchmark's table and verdicts between
+``<!-- rendered: <name> -->`` and ``<!-- end rendered -->``; ``python benchmarks/claims.py`` rewrites those blocks
+from the results files and ``--check`` fails when README.md and the results disagree (``tests/test_readme_claims.py``).
+
+Seeds: reported numbers use seeds from `workbench.comparison.FIRST_REPORTED_SEED` (100) on; ``--dev`` runs seeds
+0-1 into ``benchmarks/runs/dev/`` and writes no results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from workbench.checkpoint import write_json, write_text
+from workbench.comparison import CompareSpec, compare
+from workbench.comparison_report import Claim, table
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+README = HERE.parent / "README.md"
+BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end rendered -->)", re.S)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A comparison and the claims it tests."""
+
+    #: ``results/<name>.json`` and the README block's name.
+    name: str
+    spec: CompareSpec
+    claims: tuple[Claim, ...]
+    #: Metrics the README table shows (default: the task's first two).
+    metrics: tuple[str, ...] = ()
+    #: What the benchmark leaves out or cuts on this machine (rendered under the table).
+    note: str = ""
+    #: Display names of the compared entries in the table (default: the labels).
+    names: dict[str, str] = field(default_factory=dict)
+
+
+def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run ``benchmark`` (``--workers N``, ``--dev``) and write its results; returns the results file's content."""
+    parser = argparse.ArgumentParser(description=f"benchmark {benchmark.name}: {benchmark.spec.domain}")
+    parser.add_argument("--workers", type=int, default=1, help="cells at a time")
+    parser.add_argument("--dev", action="store_true", help="development seeds 0-1 (no results file)")
+    args = parser.parse_args(argv)
+    spec = dataclasses.replace(benchmark.spec, seeds=(0, 1)) if args.dev else benchmark.spec
+    out = HERE / "runs" / ("dev" if args.dev else "") / benchmark.name
+    comparison = compare(spec, out, workers=args.workers)
+    result = results(benchmark, comparison)
+    if not args.dev:
+        write_json(RESULTS / f"{benchmark.name}.json", result)
+    print(rendered(result))
+    return result
+
+
+def results(benchmark: Benchmark, comparison: dict[str, Any]) -> dict[str, Any]:
+    """What ``results/<name>.json`` holds: the comparison (cells with their split sizes, not their group lists)
+    and each claim's verdict."""
+    cells = [
+        {**{k: v for k, v in cell.items() if k != "split"}, "split": {n: len(g) for n, g in cell["split"].items()}}
+        for cell in comparison["cells"]
+    ]
+    return {
+        "benchmark": benchmark.name,
+        "note": benchmark.note,
+        "table_metrics": list(benchmark.metrics or comparison["metrics"][:2]),
+        "names": dict(benchmark.names),
+        "claims": [{**dataclasses.asdict(claim), **claim.verdict(comparison)} for claim in benchmark.claims],
+        "comparison": {**comparison, "cells": cells},
+    }
+
+
+def rendered(result: dict[str, Any]) -> str:
+    """The README block of one results file: how it was measured, the table, the claims' verdicts."""
+    comparison = result["comparison"]
+    spec = comparison["spec"]
+    seeds = spec["seeds"]
+    seed_text = f"seeds {seeds[0]}–{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else f"seeds {seeds}"
+    lines = [
+        f"`python benchmarks/{result['benchmark']}.py`: `workbench compare --domain {spec['domain']}`, "
+        f"{spec['folds']} grouped folds ({comparison['group_kind']}s) × {seed_text}, budget {spec['budget']} "
+        f"({comparison['budget_note']}); Δ: paired difference to {spec['reference']} with its 95 % bootstrap "
+        f"interval and Wilcoxon p over the cells.",
+        "",
+        _named(table(comparison, result["table_metrics"]), result["names"]),
+        "",
+    ]
+    for claim in result["claims"]:
+        lines.append(f"- {claim['text']} — **{claim['line'].split(':', 1)[0]}**:{claim['line'].split(':', 1)[1]}")
+    if result["note"]:
+        lines += ["", result["note"]]
+    return "\n".join(lines) + "\n"
+
+
+def _named(text: str, names: dict[str, str]) -> str:
+    """The table with each entry's label replaced by its display name."""
+    for label, name in names.items():
+        text = text.replace(f"| {label} |", f"| {name} |")
+    return text
+
+
+def render_readme(text: str, results_dir: Path = RESULTS) -> str:
+    """``text`` (README.md) with every rendered block rewritten from its results file."""
+
+    def block(match: re.Match) -> str:
+        path = results_dir / f"{match['name']}.json"
+        if not path.is_file():
+            raise SystemExit(f"README.md renders {match['name']}, but {path} does not exist (run the benchmark)")
+        return match.group(1) + rendered(json.loads(path.read_text())) + match.group(4)
+
+    return BLOCK.sub(block, text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="render README.md's claim tables from benchmarks/results/")
+    parser.add_argument("--check", action="store_true", help="exit 1 when README.md differs from the results")
+    args = parser.parse_args(argv)
+    text = README.read_text()
+    new = render_readme(text)
+    if args.check:
+        if new != text:
+            print("README.md's rendered blocks differ from benchmarks/results/: run python benchmarks/claims.py")
+            return 1
+        print(f"README.md agrees with benchmarks/results/ ({len(BLOCK.findall(text))} rendered blocks)")
+        return 0
+    if new != text:
+        write_text(README, new)
+    print(f"rendered {len(BLOCK.findall(text))} block(s) into {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
