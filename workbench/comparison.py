@@ -49,9 +49,9 @@ FIRST_REPORTED_SEED = 100
 
 
 def parse_label(label: str) -> tuple[str, str | None]:
-    """(method, registered model or None) of a compared entry ``METHOD[@MODEL][:VARIANT]``: ``full@eegnet`` is full
-    training of the model ``eegnet``; ``lora:qkv`` is the method ``lora`` with the options `CompareSpec.
-    method_options` gives the label ``lora:qkv`` (a variant compared beside plain ``lora``)."""
+    """(method, registered model or None) of a compared entry ``METHOD[@MODEL][:VARIANT]``: ``full@OTHER`` is full
+    training of the registered model ``OTHER``; ``METHOD:VARIANT`` is ``METHOD`` with the options `CompareSpec.
+    method_options` gives that label (a variant compared beside plain ``METHOD``)."""
     entry = label.split(":", 1)[0]
     method, _, model = entry.partition("@")
     return method, model or None
