@@ -52,11 +52,12 @@ def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> dict[str, An
     """Run ``benchmark`` (``--workers N``, ``--dev``) and write its results; returns the results file's content."""
     parser = argparse.ArgumentParser(description=f"benchmark {benchmark.name}: {benchmark.spec.domain}")
     parser.add_argument("--workers", type=int, default=1, help="cells at a time")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per cell")
     parser.add_argument("--dev", action="store_true", help="development seeds 0-1 (no results file)")
     args = parser.parse_args(argv)
     spec = dataclasses.replace(benchmark.spec, seeds=(0, 1)) if args.dev else benchmark.spec
     out = HERE / "runs" / ("dev" if args.dev else "") / benchmark.name
-    comparison = compare(spec, out, workers=args.workers)
+    comparison = compare(spec, out, workers=args.workers, threads=args.threads)
     result = results(benchmark, comparison)
     if not args.dev:
         write_json(RESULTS / f"{benchmark.name}.json", result)

@@ -286,6 +286,8 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
     flags.add_argument("--model", help="a registered model or checkpoint (default: the task's model)")
     flags.add_argument("--out", help="output folder (default: runs/compare-<task>-<time>)")
     flags.add_argument("--workers", type=int, default=1, help="cells at a time (default: 1, in this process)")
+    flags.add_argument("--threads", type=int, default=1,
+                       help="CPU threads per cell, fixed so that reruns agree bit for bit (default: 1)")  # fmt: skip
     flags.add_argument("--executor", default="local", choices=EXECUTORS,
                        help="local processes, or a Dask cluster (pip extra 'cluster')")  # fmt: skip
     flags.add_argument("--scheduler", help="address of a running Dask scheduler (default: a local Dask cluster)")
@@ -504,8 +506,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         from workbench.comparison import compare
 
         out = args.out or f"runs/compare-{args.domain}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-        compare(_compare_spec(args), out, workers=args.workers, executor=args.executor, scheduler=args.scheduler,
-                quiet=args.quiet)  # fmt: skip
+        compare(_compare_spec(args), out, workers=args.workers, threads=args.threads, executor=args.executor,
+                scheduler=args.scheduler, quiet=args.quiet)  # fmt: skip
     elif args.command == "evaluate":
         metrics = workbench.evaluate(args.run, data=args.data, device=args.device)
         print("\n".join(f"{name:28}{value:12.3f}" for name, value in metrics.items()))

@@ -24,7 +24,6 @@ import dataclasses
 import json
 import logging
 import multiprocessing
-import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from workbench.checkpoint import write_json
@@ -296,21 +296,24 @@ def compare(
     out: str | Path,
     *,
     workers: int = 1,
+    threads: int = 1,
     executor: str = "local",
     scheduler: str | None = None,
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Run every cell of ``spec`` not yet recorded in ``out``, then write ``comparison.json`` and ``report.md``.
 
-    ``workers``: cells at a time (1: in this process); ``executor`` "dask" runs them on the Dask cluster at
+    ``workers``: cells at a time (1: in this process); ``threads``: CPU threads of each cell (fixed, never chosen
+    from the machine's load, so that executors and reruns agree bit for bit; more cores are better used by more
+    workers than by more threads per cell on small models); ``executor`` "dask" runs them on the Dask cluster at
     ``scheduler`` (an address such as ``tcp://host:8786``), or on a local Dask cluster of ``workers`` processes when
     none is given. Returns the comparison (what ``comparison.json`` holds).
     """
     from workbench import comparison_report
 
     spec.check()
-    if workers < 1:
-        raise UserError(f"--workers must be at least 1, got {workers}")
+    if workers < 1 or threads < 1:
+        raise UserError(f"--workers and --threads must be at least 1, got {workers} and {threads}")
     if executor not in EXECUTORS:
         raise UserError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     out = Path(out)
@@ -322,7 +325,7 @@ def compare(
     with claim_run_dir(out, resume=True if resume else False):
         if not resume:
             write_json(out / "spec.json", spec.to_dict())
-        records = _run_cells(spec, cells, out, workers, executor, scheduler, quiet)
+        records = _run_cells(spec, cells, out, (workers, threads), executor, scheduler, quiet)
         comparison = comparison_report.summarise(spec, facts, records)
         write_json(out / "comparison.json", comparison)
         comparison_report.write(comparison, out)
@@ -346,9 +349,12 @@ def _check_spec(out: Path, spec: CompareSpec) -> bool:
 
 
 def _run_cells(
-    spec: CompareSpec, cells: list[Cell], out: Path, workers: int, executor: str, scheduler: str | None, quiet: bool
+    spec: CompareSpec, cells: list[Cell], out: Path, parallel: tuple[int, int], executor: str, scheduler: str | None,
+    quiet: bool,
 ) -> list[dict[str, Any]]:
-    """Every cell's record, in the order of ``cells``: recorded ones read, the others run."""
+    """Every cell's record, in the order of ``cells``: recorded ones read, the others run (``parallel``: workers,
+    threads per cell)."""
+    workers, threads = parallel
     records: dict[str, dict[str, Any]] = {}
     todo = []
     for cell in cells:
@@ -358,12 +364,15 @@ def _run_cells(
         else:
             todo.append(cell)
     bar = tqdm(total=len(cells), initial=len(records), desc="cells", unit="cell", disable=quiet)
-    threads = max(1, (os.cpu_count() or 1) // workers)  # fixed, not load-dependent: executors agree bit for bit
     with _executor(workers, executor, scheduler) as pool:
         if pool is None:
-            for cell in todo:
-                records[cell.name] = _checked(cell, lambda cell=cell: run_cell(spec, cell, str(out), threads))
-                bar.update(1)
+            previous = torch.get_num_threads()  # a cell sets this process's threads: give the caller's back
+            try:
+                for cell in todo:
+                    records[cell.name] = _checked(cell, lambda cell=cell: run_cell(spec, cell, str(out), threads))
+                    bar.update(1)
+            finally:
+                torch.set_num_threads(previous)
         else:
             futures = {pool.submit(run_cell, spec, cell, str(out), threads): cell for cell in todo}
             for future in concurrent.futures.as_completed(futures):
