@@ -49,7 +49,8 @@ def test_paired_interval_is_a_percentile_bootstrap_of_the_mean():
     values = np.random.default_rng(1).normal(0.5, 1.0, size=400)
     low, high = paired_interval(values)
     half = 1.96 * values.std(ddof=1) / math.sqrt(len(values))  # normal approximation for large n
-    assert low == pytest.approx(values.mean() - half, abs=0.03) and high == pytest.approx(values.mean() + half, abs=0.03)
+    assert low == pytest.approx(values.mean() - half, abs=0.03)
+    assert high == pytest.approx(values.mean() + half, abs=0.03)
 
 
 def _comparison(differences, lower=()):
@@ -142,8 +143,8 @@ def test_compare_refuses_bad_command_lines_in_one_line(flags, message, tmp_path,
 def test_compare_from_the_command_line_with_a_task_option(tmp_path):
     out = tmp_path / "cli"
     code = cli(["compare", "--domain", "features", "--methods", "full,warmpot", "--folds", "2", "--seeds", "5",
-                "--epochs", "1", "--train-size", "60", "--val-size", "20", "--batch-size", "20", "--pretrain-epochs", "20",
-                "--set", "warmpot.mass=0.3", "--out", str(out), "--quiet"])  # fmt: skip
+                "--epochs", "1", "--train-size", "60", "--val-size", "20", "--batch-size", "20",
+                "--pretrain-epochs", "20", "--set", "warmpot.mass=0.3", "--out", str(out), "--quiet"])  # fmt: skip
     assert code == 0
     spec = json.loads((out / "spec.json").read_text())
     assert spec["task_options"] == {"pretrain_epochs": 20} and spec["seeds"] == [5]

@@ -245,7 +245,7 @@ def _add_adapt_command(commands: Any, chosen: dict[str, list[str]] | None, examp
 
 
 def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> None:
-    """``workbench compare``: the comparison's flags (`workbench.comparison.CompareSpec`) and the chosen task's options."""
+    """``workbench compare``: its flags (`workbench.comparison.CompareSpec`) and the chosen task's options."""
     from workbench.comparison import BUDGETS, EXECUTORS, FIRST_REPORTED_SEED
 
     compare = commands.add_parser(
@@ -261,8 +261,9 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
     )
     flags = compare.add_argument_group("comparison options")
     flags.add_argument("--domain", required=True, help="task name (see `workbench list`)")
-    flags.add_argument("--methods", required=True,
-                       help="comma-separated METHOD[@MODEL][:VARIANT] (METHOD:VARIANT takes options from --set)")  # fmt: skip
+    flags.add_argument(
+        "--methods", required=True, help="comma-separated METHOD[@MODEL][:VARIANT] (a VARIANT's options: --set)"
+    )
     flags.add_argument("--reference", help="the method the others are paired against (default: the first)")
     flags.add_argument("--folds", type=int, default=5, help="grouped folds per seed (default: 5)")
     flags.add_argument("--seeds", default=str(FIRST_REPORTED_SEED),
@@ -281,7 +282,7 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
         flags.add_argument(f"--{name}", type=kind, help=text)
     flags.add_argument("--lr-grid", help="learning rates each method chooses from per cell on validation loss")
     flags.add_argument("--set", action="append", default=[], metavar="METHOD.OPTION=VALUE",
-                       help="an option of one compared entry (repeatable), e.g. --set METHOD:VARIANT.OPTION=VALUE")  # fmt: skip
+                       help="an option of one compared entry (repeatable): METHOD:VARIANT.OPTION=VALUE")  # fmt: skip
     flags.add_argument("--data", help="your data (default: the task's embedded data)")
     flags.add_argument("--model", help="a registered model or checkpoint (default: the task's model)")
     flags.add_argument("--out", help="output folder (default: runs/compare-<task>-<time>)")

@@ -158,9 +158,8 @@ class Claim:
         """``{"holds": bool, "line": "holds: ..." / "does not hold: ...", "difference", "interval", "cells"}``."""
         against = self.against or comparison["spec"]["reference"]
         theirs = {(c["fold"], c["seed"]): c["metrics"] for c in comparison["cells"] if c["method"] == against}
-        pairs = [(c["metrics"][self.metric], theirs[(c["fold"], c["seed"])][self.metric])
-                 for c in comparison["cells"] if c["method"] == self.method and (c["fold"], c["seed"]) in theirs]  # fmt: skip
-        differences = [mine - other for mine, other in pairs]
+        mine = [c for c in comparison["cells"] if c["method"] == self.method and (c["fold"], c["seed"]) in theirs]
+        differences = [c["metrics"][self.metric] - theirs[(c["fold"], c["seed"])][self.metric] for c in mine]
         interval = paired_interval(differences)
         lower = self.direction == "lower" or (not self.direction and self.metric in comparison["lower_is_better"])
         sign = -1 if lower else 1
@@ -171,7 +170,8 @@ class Claim:
         mean = float(np.mean(differences)) if differences else float("nan")
         line = (
             f"{'holds' if holds else 'does not hold'}: {self.method} − {against} on {self.metric} {mean:+.3f} "
-            f"[{interval[0]:+.3f}, {interval[1]:+.3f}] over {len(differences)} cells, p={signed_rank_p(differences):.2g} "
+            f"[{interval[0]:+.3f}, {interval[1]:+.3f}] over {len(differences)} cells, "
+            f"p={signed_rank_p(differences):.2g} "
             f"(holds when the interval clears {bound} towards {'lower' if lower else 'higher'})"
             + ("" if enough else f"; too few cells for a verdict (< {MIN_CELLS_FOR_VERDICT})")
         )
