@@ -150,3 +150,19 @@ def test_compare_from_the_command_line_with_a_task_option(tmp_path):
     assert spec["task_options"] == {"pretrain_epochs": 20} and spec["seeds"] == [5]
     assert spec["method_options"] == {"warmpot": {"mass": 0.3}}
     assert json.loads((out / "comparison.json").read_text())["summary"]["warmpot"]["cells"] == 2
+
+
+@pytest.mark.slow
+def test_sleep_staging_compare_end_to_end(tmp_path):
+    """The issue's second command: LoRA, full fine-tuning and head-only tuning of LaBraM on subject folds."""
+    out = tmp_path / "sleep"
+    code = cli(["compare", "--domain", "sleepedf", "--methods", "lora,full,readout", "--folds", "2", "--seeds", "0",
+                "--epochs", "1", "--out", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["group_kind"] == "subject" and len(comparison["cells"]) == 6
+    for cell in comparison["cells"]:
+        run = json.loads((out / cell["run"] / "metrics.json").read_text())
+        assert sorted(run["data_summary"]["split"]["test"]) == sorted(cell["split"]["test"])  # the fold's subjects
+    steps = {c["method"]: c["steps"] for c in comparison["cells"] if c["fold"] == 0}
+    assert len(set(steps.values())) == 1 and steps["lora"] > 0  # one budget
