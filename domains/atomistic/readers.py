@@ -56,7 +56,8 @@ ELEMENTS = (1, 118)
 
 @dataclass(frozen=True)
 class LabelledSet:
-    """Frames with the publisher's train/test split (indices into ``frames``)."""
+    """Frames in the file's order (bad frames left out) with the publisher's train/test split (indices into
+    ``frames``)."""
 
     frames: list[Frame]
     train_indices: np.ndarray
@@ -66,6 +67,9 @@ class LabelledSet:
     isolated_atom_energies_ev: dict[str, float] = field(default_factory=dict)
     #: What the reader decided and the user should know (units and where they came from, which labels were used).
     notes: tuple[str, ...] = ()
+    #: Validation frames a fold chose (`workbench.domains.atomistic.task.Rmd17.hold_out`); None: validation frames
+    #: are drawn from ``train_indices``.
+    val_indices: np.ndarray | None = None
 
 
 class BadFrames:

@@ -10,10 +10,28 @@ Loss (MACE's ``WeightedEnergyForcesLoss``)::
     L = w_E · mean_graphs((ΔE / n_atoms)²) + w_F · mean_components(ΔF²)     [eV², (eV/Å)²]
 
 with ``w_E = 1``, ``w_F = 1000`` by default (the ELoRA authors' weights).
+
+Grouped folds (``workbench compare``): the group is a *trajectory block*, ``--fold-block`` consecutive frames in the
+file's order (``block0`` = frames 0..B-1, ``block1`` = B..2B-1, ...; the last block holds what is left; frames are the
+usable ones, bad frames left out). Frames of one MD trajectory are correlated in time, so a test frame whose
+neighbours (10 fs away on the embedded data) were trained on measures interpolation along the trajectory, not the
+model: a fold holds out whole blocks, and replaces the publisher's train/test index split (`Rmd17.hold_out`). The
+default, 40 frames, is 400 fs on the embedded data (one frame every 10 fs, card ``rmd17-embedded``; 10 blocks of
+each molecule): there the forces of two frames are uncorrelated from 20 frames (200 fs) apart, and frames 40 apart
+differ by 90-94 % of the coordinate RMSD of frames 60 apart. What a block is elsewhere:
+
+- rMD17 / sGDML npz (MD17, MD22): one molecule's trajectory per file; blocks follow the file's frame order, which
+  the readers keep (rMD17's 100,000 frames per molecule were taken from a longer MD17 run, each one's MD17 frame in
+  the unread field ``old_indices``). Set ``--fold-block`` so that a block spans more than the trajectory's
+  correlation time;
+- files ase reads: consecutive frames of the file (a folder's ``train.xyz`` then ``test.xyz``). A file of several
+  molecules or of independent configurations has no time correlation to keep apart; its blocks are then simply
+  contiguous chunks (mostly one molecule each when the file lists molecule by molecule).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -41,7 +59,7 @@ from workbench.errors import UserError
 from workbench.options import Option
 from workbench.records import SkipReport
 from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData
+from workbench.task import Evaluation, Task, TaskData, held_out_groups
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +134,8 @@ class Rmd17(Task):
     default_model = "mace"
     default_method = "elora"
     baselines = ("full", "readout", "mace-lora")
+    capabilities = frozenset({"folds"})
+    group_kind = "trajectory block"
     metrics = (
         "forces_mae_mev_per_a",
         "forces_rmse_mev_per_a",
@@ -123,6 +143,7 @@ class Rmd17(Task):
         "energy_rmse_mev",
         "energy_mae_mev_per_atom",
     )
+    lower_is_better = frozenset(metrics)  # all of them are errors
     defaults = {"epochs": 40, "batch_size": 5, "train_size": 50, "patience": 15}
     precisions = ("float64", "float32")  # MACE-OFF trains in float64; float32 is MACE-MP's and faster on GPUs
     examples = (
@@ -137,6 +158,13 @@ class Rmd17(Task):
     options = (
         Option("molecule", str, "ethanol", "molecule of the rMD17 folder to adapt to"),
         Option("split", int, 1, "which rMD17 split (index_{train,test}_0K.csv, K = 1..5)"),
+        Option(
+            "fold_block",
+            int,
+            40,
+            "frames per trajectory block, the group a fold of workbench compare holds out whole (consecutive frames "
+            "in the file's order)",
+        ),
         Option(
             "units",
             str,
@@ -189,6 +217,8 @@ class Rmd17(Task):
 
     def __init__(self, **options: Any):
         super().__init__(**options)
+        if self.config["fold_block"] < 1:
+            raise UserError(f"--fold-block must be at least 1 frame, got {self.config['fold_block']}")
         self._loss = WeightedEnergyForcesLoss(
             energy_weight=self.config["energy_weight"], forces_weight=self.config["forces_weight"]
         )
@@ -221,19 +251,47 @@ class Rmd17(Task):
             log.info("%s: %s", raw.source, note)
         return raw
 
+    def split_groups(self, raw: LabelledSet) -> list[str]:
+        """The trajectory blocks of ``raw``: ``block<k>`` holds frames ``k·B`` to ``(k+1)·B − 1`` (B =
+        ``--fold-block``), in block order."""
+        return [f"block{k}" for k in range(-(-len(raw.frames) // self.config["fold_block"]))]
+
+    def hold_out(self, raw: LabelledSet, split: Mapping[str, Sequence[str]]) -> LabelledSet:
+        """``raw`` with the publisher's split replaced by blocks: the frames of ``split["test"]`` blocks are the test
+        split, those of ``split["val"]`` blocks the validation frames (when it names none, validation frames are
+        drawn from the training blocks), and every other block's frames the training split."""
+        parts = held_out_groups(self.split_groups(raw), split, raw.source, self.group_kind)
+        block = np.arange(len(raw.frames)) // self.config["fold_block"]
+
+        def frames_of(name: str) -> np.ndarray:
+            return np.flatnonzero(np.isin(block, [int(group.removeprefix("block")) for group in parts[name]]))
+
+        val = frames_of("val") if parts["val"] else None
+        return dataclasses.replace(raw, train_indices=frames_of("train"), test_indices=frames_of("test"),
+                                   val_indices=val)  # fmt: skip
+
     def prepare(
         self, model: nn.Module, raw: LabelledSet, train_size: int, val_size: int, seed: int
     ) -> tuple[TaskData, dict[str, Any]]:
+        """``train_size`` training frames drawn (seeded) from the training split, and ``val_size`` validation frames
+        drawn from the rest of it, or, after `hold_out` with validation blocks, from those blocks' frames (all of
+        them when they hold fewer)."""
         check_elements(raw.frames, atomic_numbers_of(model), raw.source)
         available = len(raw.train_indices)
-        if train_size + val_size > available:
+        needed = train_size + (val_size if raw.val_indices is None else 0)
+        if needed > available:
+            also = f" plus {val_size} validation frames" if raw.val_indices is None else ""
             raise UserError(
-                f"{raw.source}: the training split has {available} frames; --train-size {train_size} "
-                f"plus {val_size} validation frames do not fit (lower --train-size)"
+                f"{raw.source}: the training split has {available} frames; --train-size {train_size}{also} "
+                "do not fit (lower --train-size)"
             )
-        order = np.random.default_rng(seed).permutation(raw.train_indices)
+        rng = np.random.default_rng(seed)
+        order = rng.permutation(raw.train_indices)
         train = [raw.frames[i] for i in order[:train_size]]
-        val = [raw.frames[i] for i in order[train_size : train_size + val_size]]
+        if raw.val_indices is None:
+            val = [raw.frames[i] for i in order[train_size : train_size + val_size]]
+        else:
+            val = [raw.frames[i] for i in rng.permutation(raw.val_indices)[:val_size]]
         test = [raw.frames[i] for i in raw.test_indices]
         zs, r_max = atomic_numbers_of(model), float(model.r_max)
         dtype = next(model.parameters()).dtype  # --precision: the samples in the model's dtype
@@ -326,7 +384,8 @@ class Rmd17(Task):
             f"source: {raw.source}",
             *raw.notes,
             f"frames: {len(frames)} usable of {self.skipped.seen} read (train split {len(raw.train_indices)}, "
-            f"test split {len(raw.test_indices)})",
+            f"test split {len(raw.test_indices)}); {len(self.split_groups(raw))} trajectory blocks of "
+            f"{self.config['fold_block']} frames for grouped folds (--fold-block)",
             f"atoms per frame: {len(frames[0].atomic_numbers)} (first frame; atomic numbers {counts})",
             f"energy: mean {energies.mean():.4f} eV, spread (std) {energies.std() * 1000:.1f} meV",
             f"forces: mean |F| component {np.abs(forces).mean() * 1000:.1f} meV/Å, max {np.abs(forces).max():.3f} eV/Å",

@@ -27,8 +27,14 @@ figures are those of the sub-tasks present (``task.metrics`` follows the test sp
 only the kinds present (`workbench.models.medvl.MedVL.kinds`: H-LoRA attaches the comprehension plug-in alone and
 aligns on what the data hold), and one warning says which sub-tasks are absent and what was left out.
 
-The validation records (``--val-share`` of the training groups, for early stopping) are drawn by group — a subject
-where the records name one, else an image — so no image is in two splits.
+Groups: a record's group is its subject (the record's ``subject``; VQA-RAD, PathVQA: the image; SLAKE: the image's
+folder; else its image), merged with every other group that shares an image with it, as input or as generation
+target (`_grouped`). So one patient's slices, an image with all its questions, its report and every generation
+record that reads or makes it are one group. The validation records (``--val-share`` of the training groups, for
+early stopping) are drawn by group, so they share no image with the training records. Grouped folds (``workbench
+compare``, `MedVLTask.hold_out`) hold out whole groups: the records of every split of the data (``train.json`` and
+``test.json``, or VQA-RAD's ``phrase_type`` split, whose test questions ask about training images) are pooled and
+re-split by group, so no image is in two splits.
 
 Loss: next-token cross-entropy on the answer tokens (`workbench.models.medvl.MedVL`); a batch holding both kinds is
 scored kind by kind (each through its own projector and plug-in) and averaged by sample share.
@@ -46,6 +52,7 @@ Shapes:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections import Counter
@@ -73,7 +80,7 @@ from workbench.model import spec_of
 from workbench.options import Option
 from workbench.records import BadRecordError, SkipReport
 from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData, to_device
+from workbench.task import Evaluation, Task, TaskData, held_out_groups, to_device
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +132,8 @@ class VlBatch:
 
 @dataclass
 class VlData:
-    """What `MedVL.read` returns: the records of each split and where they came from."""
+    """What `MedVLTask.read` returns: the records of each split ("train", "test", and "val" when a fold chose it,
+    `MedVLTask.hold_out`), each record's ``subject`` its group (`_grouped`), and where they came from."""
 
     splits: dict[str, list[VlSample]]
     source: str
@@ -148,6 +156,8 @@ class MedVLTask(Task):
     default_model = "medvl"
     default_method = "hlora"
     baselines = ()
+    capabilities = frozenset({"folds"})
+    group_kind = "subject or image"
     metrics = ("closed_accuracy", "open_recall", "report_f1", "ssim", "psnr_db")
     metrics_note = (
         "Scores on the test records, higher is better: closed-VQA accuracy, open-answer recall, findings F1 of the "
@@ -222,8 +232,22 @@ class MedVLTask(Task):
                 raise UserError(
                     f"{path}: no such file or folder (give --data a folder with train.json / test.json or a JSON)"
                 )
-        raw.splits = {name: self._open_images(part) for name, part in raw.splits.items()}
+        raw.splits = _grouped({name: self._open_images(part) for name, part in raw.splits.items()})
         return raw
+
+    def split_groups(self, raw: VlData) -> list[str]:
+        """The groups (subjects or images, `_grouped`) of every split's records, sorted."""
+        return sorted({sample.subject for part in raw.splits.values() for sample in part})
+
+    def hold_out(self, raw: VlData, split: Mapping[str, Sequence[str]]) -> VlData:
+        """``raw`` re-split by group: the records of every split pooled, those of ``split["test"]`` groups the test
+        split, of ``split["val"]`` groups the validation split (none named: `prepare` draws ``--val-share`` of the
+        training groups), every other group's records the training split."""
+        parts = held_out_groups(self.split_groups(raw), split, raw.source, self.group_kind)
+        where = {group: name for name, groups in parts.items() for group in groups}
+        pooled = [sample for part in raw.splits.values() for sample in part]
+        splits = {name: [s for s in pooled if where[s.subject] == name] for name in parts if parts[name]}
+        return dataclasses.replace(raw, splits=splits, description=f"{raw.description}, re-split by held-out groups")
 
     def _image(self, path: Path, size: int, field: str, source: str) -> torch.Tensor:
         """``path`` loaded at ``size`` (kept: reading opens each image once, the run reuses it)."""
@@ -265,9 +289,8 @@ class MedVLTask(Task):
                 else:
                     codes = self._answer_codes(model, sample)
                 answer = ""
-            group = sample.subject or str(sample.image)
             items.append(VlItem(start + offset, sample.task, kind_of(sample.task), image, sample.question, answer,
-                                target, codes, str(group)))  # fmt: skip
+                                target, codes, sample.subject))  # fmt: skip
         return items
 
     def _answer_codes(self, model: nn.Module, sample: VlSample) -> torch.Tensor:
@@ -299,13 +322,21 @@ class MedVLTask(Task):
         test = self._items(model, raw.splits["test"], len(train))
         if not test:
             raise UserError(f"{raw.source}: no test records (a folder needs test.json; a single JSON is all train)")
-        groups = sorted({item.group for item in train})
-        n_val = max(1, round(self.config["val_share"] * len(groups)))
-        if len(groups) <= n_val:
-            raise UserError(f"{raw.source}: {len(groups)} training group(s) cannot give validation and training ones")
-        val_groups = set(rng.choice(groups, n_val, replace=False).tolist())
-        val = [item for item in train if item.group in val_groups][:val_size]
-        train = [item for item in train if item.group not in val_groups][:train_size]
+        if "val" in raw.splits:  # a fold's validation groups (hold_out)
+            val = self._items(model, raw.splits["val"], len(train) + len(test))
+        else:
+            groups = sorted({item.group for item in train})
+            n_val = max(1, round(self.config["val_share"] * len(groups)))
+            if len(groups) <= n_val:
+                raise UserError(
+                    f"{raw.source}: {len(groups)} training group(s) cannot give validation and training ones"
+                )
+            val_groups = set(rng.choice(groups, n_val, replace=False).tolist())
+            val = [item for item in train if item.group in val_groups]
+            train = [item for item in train if item.group not in val_groups]
+        parts = {"train": train, "val": val, "test": test}
+        group_counts = {name: len({item.group for item in part}) for name, part in parts.items()}
+        val, train = val[:val_size], train[:train_size]
         unknown = sum(model.tokenizer.encode(f"{item.question} {item.answer}").count(UNK) for item in train)
         summary = {
             "data": raw.description,
@@ -314,7 +345,7 @@ class MedVLTask(Task):
                 name: dict(Counter(item.task for item in part))
                 for name, part in (("train", train), ("val", val), ("test", test))
             },  # fmt: skip
-            "groups": {"train": len(groups) - n_val, "val": n_val, "test": len({item.group for item in test})},
+            "groups": group_counts,
             "unknown_words_train": int(unknown),
         }
         present = {item.task for item in test}
@@ -452,6 +483,35 @@ class MedVLTask(Task):
 
 def _where(sample: VlSample) -> str:
     return sample.source  # "<file> record <i> (<id>)"
+
+
+def _grouped(splits: Mapping[str, Sequence[VlSample]]) -> dict[str, list[VlSample]]:
+    """``splits`` with each record's ``subject`` set to its group: the records' subjects (else their images) joined
+    wherever two records share an image (input or target), each group named by its first subject in sorted order."""
+    parent: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def root(node: tuple[str, str]) -> tuple[str, str]:
+        while parent.setdefault(node, node) != node:
+            node = parent[node]
+        return node
+
+    def keys(sample: VlSample) -> list[tuple[str, str]]:
+        images = [sample.image, *([sample.target_image] if sample.target_image is not None else [])]
+        return [("subject", sample.subject or str(sample.image)), *(("image", str(image)) for image in images)]
+
+    samples = [sample for part in splits.values() for sample in part]
+    for sample in samples:
+        first, *others = keys(sample)
+        for other in others:
+            a, b = sorted((root(first), root(other)))
+            parent[b] = a
+    names: dict[tuple[str, str], str] = {}
+    for sample in samples:
+        subject = keys(sample)[0]
+        names[root(subject)] = min(names.get(root(subject), subject[1]), subject[1])
+    return {
+        name: [dataclasses.replace(s, subject=names[root(keys(s)[0])]) for s in part] for name, part in splits.items()
+    }
 
 
 def _coverage_note(splits: Mapping[str, Sequence[VlSample]]) -> str | None:
