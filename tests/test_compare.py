@@ -144,12 +144,18 @@ def test_compare_from_the_command_line_with_a_task_option(tmp_path):
     out = tmp_path / "cli"
     code = cli(["compare", "--domain", "features", "--methods", "full,warmpot", "--folds", "2", "--seeds", "5",
                 "--epochs", "1", "--train-size", "60", "--val-size", "20", "--batch-size", "20",
-                "--pretrain-epochs", "20", "--set", "warmpot.mass=0.3", "--out", str(out), "--quiet"])  # fmt: skip
+                "--lr-grid", "1e-4,1e-2", "--pretrain-epochs", "20", "--set", "warmpot.mass=0.3", "--out", str(out), "--quiet"])  # fmt: skip
     assert code == 0
     spec = json.loads((out / "spec.json").read_text())
     assert spec["task_options"] == {"pretrain_epochs": 20} and spec["seeds"] == [5]
     assert spec["method_options"] == {"warmpot": {"mass": 0.3}}
-    assert json.loads((out / "comparison.json").read_text())["summary"]["warmpot"]["cells"] == 2
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["summary"]["warmpot"]["cells"] == 2
+    for cell in comparison["cells"]:  # each cell kept the rate of the lowest validation loss
+        losses = cell["lr_grid"]
+        assert set(losses) == {"0.0001", "0.01"} and cell["learning_rate"] == float(min(losses, key=losses.get))
+        assert cell["best_val_loss"] == min(losses.values())
+    assert "chosen per cell" in (out / "report.md").read_text()
 
 
 @pytest.mark.slow

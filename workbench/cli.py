@@ -277,7 +277,7 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
         ("val-size", int, "validation samples (default: the task's)"),
         ("batch-size", int, "samples per step (default: the task's)"),
         ("lr", float, "one learning rate for every method (default: each method's own)"),
-        ("val-share", float, "share of the non-test groups that validates (default: 0.2)"),
+        ("fold-val-share", float, "share of a fold's non-test groups that validates (default: 0.2)"),
     ):
         flags.add_argument(f"--{name}", type=kind, help=text)
     flags.add_argument("--lr-grid", help="learning rates each method chooses from per cell on validation loss")
@@ -333,7 +333,7 @@ def _compare_spec(args: argparse.Namespace) -> Any:
         domain=args.domain, methods=method_names, reference=args.reference or "", folds=args.folds,
         seeds=numbers(args.seeds, int, "--seeds"), budget=args.budget, epochs=args.epochs, patience=args.patience,
         train_size=args.train_size, val_size=args.val_size, batch_size=args.batch_size, learning_rate=args.lr,
-        lr_grid=numbers(args.lr_grid, float, "--lr-grid") if args.lr_grid else (), val_share=args.val_share or 0.2,
+        lr_grid=numbers(args.lr_grid, float, "--lr-grid") if args.lr_grid else (), val_share=args.fold_val_share or 0.2,
         data=args.data, model=args.model, task_options=options, method_options=method_options,
     )  # fmt: skip
 

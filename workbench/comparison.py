@@ -122,7 +122,7 @@ class CompareSpec:
         if self.budget not in BUDGETS:
             raise UserError(f"--budget must be one of {', '.join(BUDGETS)}, got {self.budget!r}")
         if not 0 < self.val_share < 1:
-            raise UserError(f"--val-share must be in (0, 1), got {self.val_share}")
+            raise UserError(f"--fold-val-share must be in (0, 1), got {self.val_share}")
         if any(rate <= 0 for rate in self.lr_grid) or (self.lr_grid and self.learning_rate is not None):
             raise UserError("--lr-grid takes positive rates, and replaces --lr (give one of them)")
 

@@ -238,7 +238,7 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
         f"{', '.join(str(n) for n in sorted(set(comparison['groups_per_seed'].values())))} per seed; each tested "
         "once per seed); every method on the same cells.",
         f"- Budget: {spec['budget']} — {comparison['budget_note']}.",
-        f"- Learning rate: {_rate_text(spec)}.",
+        f"- Learning rate: {_rate_text(spec, comparison['cells'])}.",
         f"- Paired differences to **{spec['reference']}** over the (fold, seed) cells: mean, 95 % percentile-bootstrap "
         "interval, Wilcoxon signed-rank p. An interval holding 0 is noise ('no difference shown').",
     ]
@@ -250,9 +250,14 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
     write_text(out / "report.md", "\n".join(lines))
 
 
-def _rate_text(spec: Mapping[str, Any]) -> str:
+def _rate_text(spec: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> str:
     if spec["lr_grid"]:
-        return f"each method's chosen per cell on validation loss from {', '.join(f'{r:g}' for r in spec['lr_grid'])}"
+        grid = ", ".join(f"{rate:g}" for rate in spec["lr_grid"])
+        chosen = []
+        for name in spec["methods"]:
+            rates = [c["learning_rate"] for c in cells if c["method"] == name]
+            chosen.append(f"{name} " + ", ".join(f"{r:g} ×{rates.count(r)}" for r in sorted(set(rates))))
+        return f"each method's chosen per cell on validation loss from {grid} (chosen: {'; '.join(chosen)})"
     if spec["learning_rate"] is not None:
         return f"{spec['learning_rate']:g} for every method"
     return "each method's own default (the task's where it sets one)"
