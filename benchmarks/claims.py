@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from workbench.checkpoint import write_json, write_text
 from workbench.comparison import CompareSpec, compare
-from workbench.comparison_report import Claim, table
+from workbench.comparison_report import Claim, resampled, table
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -92,7 +92,7 @@ def rendered(result: dict[str, Any]) -> str:
         f"`python benchmarks/{result['benchmark']}.py`: `workbench compare --domain {spec['domain']}`, "
         f"{spec['folds']} grouped folds ({comparison['group_kind']}s) × {seed_text}, budget {spec['budget']} "
         f"({comparison['budget_note']}); Δ: paired difference to {spec['reference']} with its 95 % bootstrap "
-        f"interval and Wilcoxon p over the cells.",
+        f"interval (resampling {resampled(seeds)}) and Wilcoxon p over the cells.",
         "",
         _named(table(comparison, result["table_metrics"]), result["names"]),
         "",

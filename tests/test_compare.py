@@ -53,6 +53,17 @@ def test_paired_interval_is_a_percentile_bootstrap_of_the_mean():
     assert high == pytest.approx(values.mean() + half, abs=0.03)
 
 
+def test_with_five_seeds_or_more_the_interval_resamples_whole_seeds():
+    seed_means = [0.02, 0.05, -0.01, 0.04, 0.03, 0.0]
+    cells = [mean for mean in seed_means for _ in range(3)]  # three folds per seed, perfectly correlated
+    seeds = [seed for seed in range(6) for _ in range(3)]
+    clustered = paired_interval(cells, seeds)
+    assert clustered == pytest.approx(paired_interval(seed_means))  # the same draws: six independent units
+    per_cell = paired_interval(cells)
+    assert per_cell[1] - per_cell[0] < 0.75 * (clustered[1] - clustered[0])  # 18 "independent" cells: too narrow
+    assert paired_interval(cells[:12], seeds[:12]) == pytest.approx(paired_interval(cells[:12]))  # 4 seeds: cells
+
+
 def _comparison(differences, lower=()):
     cells = [{"method": "full", "fold": k, "seed": 100, "metrics": {"m": 0.5}} for k in range(len(differences))]
     cells += [{"method": "lora", "fold": k, "seed": 100, "metrics": {"m": 0.5 + d}} for k, d in enumerate(differences)]
@@ -144,7 +155,8 @@ def test_compare_from_the_command_line_with_a_task_option(tmp_path):
     out = tmp_path / "cli"
     code = cli(["compare", "--domain", "features", "--methods", "full,warmpot", "--folds", "2", "--seeds", "5",
                 "--epochs", "1", "--train-size", "60", "--val-size", "20", "--batch-size", "20",
-                "--lr-grid", "1e-4,1e-2", "--pretrain-epochs", "20", "--set", "warmpot.mass=0.3", "--out", str(out), "--quiet"])  # fmt: skip
+                "--lr-grid", "1e-4,1e-2", "--pretrain-epochs", "20", "--set", "warmpot.mass=0.3",
+                "--out", str(out), "--quiet"])  # fmt: skip
     assert code == 0
     spec = json.loads((out / "spec.json").read_text())
     assert spec["task_options"] == {"pretrain_epochs": 20} and spec["seeds"] == [5]

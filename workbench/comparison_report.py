@@ -2,9 +2,11 @@
 reference over the (fold, seed) cells with a 95 % bootstrap interval and a Wilcoxon signed-rank p-value, costs, a
 forest plot, and claims checked against the intervals.
 
-The interval resamples the paired cells (10,000 percentile-bootstrap draws, seeded). Cells of one seed share
-training data across folds, so they are not independent and the interval is somewhat too narrow (Bengio & Grandvalet,
-2004); fresh seeds narrow it honestly. A difference whose interval holds 0 is reported as noise.
+The interval is a percentile bootstrap of the mean paired difference (10,000 draws, seeded). With at least
+`MIN_SEEDS_FOR_CLUSTERS` seeds it resamples whole seeds (each drawn seed brings all its folds): folds of one seed
+share training data (and, for generated problems, the problem itself), so they are not independent, and resampling
+cells would make the interval too narrow (Bengio & Grandvalet, 2004). With fewer seeds it resamples cells and says
+so. A difference whose interval holds 0 is reported as noise.
 """
 
 from __future__ import annotations
@@ -22,20 +24,38 @@ from workbench.checkpoint import write_text
 BOOTSTRAP_DRAWS = 10_000
 #: Metrics the forest plot shows (the first of the task's).
 FOREST_METRICS = 3
+#: Fewest seeds for an interval that resamples seeds rather than cells.
+MIN_SEEDS_FOR_CLUSTERS = 5
 #: Fewest paired cells for a verdict: below it a percentile bootstrap is too narrow and the signed-rank test cannot
 #: reach p < 0.05 (its smallest p with n cells is 2 / 2**n).
 MIN_CELLS_FOR_VERDICT = 6
 
 
-def paired_interval(differences: Sequence[float], level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the mean of ``differences`` (paired cells resampled with replacement)."""
+def paired_interval(
+    differences: Sequence[float], clusters: Sequence[Any] | None = None, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the mean of ``differences``: whole ``clusters`` (each cell's seed) resampled
+    with replacement when there are at least `MIN_SEEDS_FOR_CLUSTERS` of them, else single cells."""
     values = np.asarray(differences, dtype=float)
     if len(values) < 2:
         return (float("nan"), float("nan"))
-    draws = np.random.default_rng(seed).integers(0, len(values), size=(BOOTSTRAP_DRAWS, len(values)))
-    means = values[draws].mean(axis=1)
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(clusters if clusters is not None else np.arange(len(values)))
+    names = np.unique(labels)
+    if len(names) >= MIN_SEEDS_FOR_CLUSTERS:
+        sums = np.array([values[labels == name].sum() for name in names])
+        counts = np.array([(labels == name).sum() for name in names])
+        draws = rng.integers(0, len(names), size=(BOOTSTRAP_DRAWS, len(names)))
+        means = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
+    else:
+        means = values[rng.integers(0, len(values), size=(BOOTSTRAP_DRAWS, len(values)))].mean(axis=1)
     tail = (1 - level) / 2
     return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+
+
+def resampled(seeds: Sequence[Any]) -> str:
+    """What `paired_interval` resamples for cells of these seeds: "seeds" or "cells"."""
+    return "seeds" if len(set(seeds)) >= MIN_SEEDS_FOR_CLUSTERS else "cells"
 
 
 def signed_rank_p(differences: Sequence[float]) -> float:
@@ -81,7 +101,8 @@ def summarise(spec: Any, facts: Mapping[str, Any], records: list[dict[str, Any]]
 def _paired(cells: list[dict], reference: dict, metric: str, lower_better: bool) -> dict[str, Any]:
     """The paired difference (method − reference) of ``metric`` over the cells both have."""
     differences = [r["metrics"][metric] - reference[(r["fold"], r["seed"])]["metrics"][metric] for r in cells]
-    low, high = paired_interval(differences)
+    seeds = [r["seed"] for r in cells]
+    low, high = paired_interval(differences, seeds)
     sign = -1 if lower_better else 1
     better_low, better_high = sorted((sign * low, sign * high))  # the interval in the better direction
     if len(differences) < MIN_CELLS_FOR_VERDICT:
@@ -96,6 +117,7 @@ def _paired(cells: list[dict], reference: dict, metric: str, lower_better: bool)
         "wilcoxon_p": signed_rank_p(differences),
         "wins": int(sum(sign * d > 0 for d in differences)),
         "cells": len(differences),
+        "resampled": resampled(seeds),
         "verdict": verdict,
     }
 
@@ -160,7 +182,7 @@ class Claim:
         theirs = {(c["fold"], c["seed"]): c["metrics"] for c in comparison["cells"] if c["method"] == against}
         mine = [c for c in comparison["cells"] if c["method"] == self.method and (c["fold"], c["seed"]) in theirs]
         differences = [c["metrics"][self.metric] - theirs[(c["fold"], c["seed"])][self.metric] for c in mine]
-        interval = paired_interval(differences)
+        interval = paired_interval(differences, [c["seed"] for c in mine])
         lower = self.direction == "lower" or (not self.direction and self.metric in comparison["lower_is_better"])
         sign = -1 if lower else 1
         low = min(sign * interval[0], sign * interval[1])  # the interval's bound nearest "worse"
@@ -170,7 +192,8 @@ class Claim:
         mean = float(np.mean(differences)) if differences else float("nan")
         line = (
             f"{'holds' if holds else 'does not hold'}: {self.method} − {against} on {self.metric} {mean:+.3f} "
-            f"[{interval[0]:+.3f}, {interval[1]:+.3f}] over {len(differences)} cells, "
+            f"[{interval[0]:+.3f}, {interval[1]:+.3f}] over {len(differences)} cells "
+            f"({'resampling seeds' if resampled([c['seed'] for c in mine]) == 'seeds' else 'resampling cells'}), "
             f"p={signed_rank_p(differences):.2g} "
             f"(holds when the interval clears {bound} towards {'lower' if lower else 'higher'})"
             + ("" if enough else f"; too few cells for a verdict (< {MIN_CELLS_FOR_VERDICT})")
@@ -240,7 +263,8 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
         f"- Budget: {spec['budget']} — {comparison['budget_note']}.",
         f"- Learning rate: {_rate_text(spec, comparison['cells'])}.",
         f"- Paired differences to **{spec['reference']}** over the (fold, seed) cells: mean, 95 % percentile-bootstrap "
-        "interval, Wilcoxon signed-rank p. An interval holding 0 is noise ('no difference shown').",
+        f"interval ({_resampling_text(spec['seeds'])}), Wilcoxon signed-rank p over the cells. An interval holding 0 "
+        "is noise ('no difference shown').",
     ]
     if comparison["development_seeds"]:
         lines.append("- **Development seeds (below 100): for tuning, not for reporting.**")
@@ -248,6 +272,13 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
     if forest:
         lines += [f"![paired differences]({forest})", ""]
     write_text(out / "report.md", "\n".join(lines))
+
+
+def _resampling_text(seeds: Sequence[int]) -> str:
+    if resampled(seeds) == "seeds":
+        return f"resampling whole seeds: {len(seeds)} seeds"
+    return (f"resampling cells: fewer than {MIN_SEEDS_FOR_CLUSTERS} seeds, and folds of one seed are not independent, "
+            "so the interval is somewhat too narrow")  # fmt: skip
 
 
 def _rate_text(spec: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> str:
