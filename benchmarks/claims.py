@@ -46,6 +46,8 @@ class Benchmark:
     note: str = ""
     #: Display names of the compared entries in the table (default: the labels).
     names: dict[str, str] = field(default_factory=dict)
+    #: The benchmark file that defines it, as the README names it (default: ``<name>.py``).
+    script: str = ""
 
 
 def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -74,6 +76,7 @@ def results(benchmark: Benchmark, comparison: dict[str, Any]) -> dict[str, Any]:
     ]
     return {
         "benchmark": benchmark.name,
+        "script": benchmark.script or f"{benchmark.name}.py",
         "note": benchmark.note,
         "table_metrics": list(benchmark.metrics or comparison["metrics"][:2]),
         "names": dict(benchmark.names),
@@ -89,7 +92,8 @@ def rendered(result: dict[str, Any]) -> str:
     seeds = spec["seeds"]
     seed_text = f"seeds {seeds[0]}–{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else f"seeds {seeds}"
     lines = [
-        f"`python benchmarks/{result['benchmark']}.py`: `workbench compare --domain {spec['domain']}`, "
+        f"`python benchmarks/{result.get('script') or result['benchmark'] + '.py'}`: "
+        f"`workbench compare --domain {spec['domain']}`, "
         f"{spec['folds']} grouped folds ({comparison['group_kind']}s) × {seed_text}, budget {spec['budget']} "
         f"({comparison['budget_note']}); Δ: paired difference to {spec['reference']} with its 95 % bootstrap "
         f"interval (resampling {resampled(seeds)}) and Wilcoxon p over the cells.",

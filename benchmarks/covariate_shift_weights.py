@@ -14,6 +14,7 @@ unweighted). The estimator-level NMSE against the known ratio is `benchmarks/den
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from claims import Benchmark, run
 
@@ -33,6 +34,7 @@ def dimension(dim: int) -> Benchmark:
                          task_options={"problem": "covariate-shift", "dim": dim}),  # fmt: skip
         metrics=("mse", "r2"),
         names=NAMES,
+        script=Path(__file__).name,
         claims=(
             Claim("dre-pp", "mse", text=f"d = {dim}: ppDRE's weights lower the target error of the unweighted fit"),
             Claim("dre-pp", "mse", against="dre-ulsif", text="… and of uLSIF's weights"),

@@ -36,6 +36,7 @@ def transfer(source: str, target: str) -> Benchmark:
                          task_options={"source_graph": source, "target_graph": target}),  # fmt: skip
         metrics=("accuracy", "macro_f1"),
         names=NAMES,
+        script=Path(__file__).name,
         claims=(
             Claim("homophily", "accuracy", text=f"{source} → {target}: alignment beats a source-only GCN"),
             Claim("homophily", "accuracy", against="mixed-filters", text="… and the same encoder without alignment"),

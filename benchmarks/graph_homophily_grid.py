@@ -15,6 +15,7 @@ node pairs) beside the default mean-distribution KL.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from claims import Benchmark, run
 
@@ -22,7 +23,8 @@ from workbench.comparison import CompareSpec
 from workbench.comparison_report import Claim
 
 ENTRIES = ("mixed-filters", "homophily", "homophily:pairs", "full@gcn", "udagcn@gcn", "full@graph-mlp")
-NAMES = {"homophily:pairs": "homophily (pairs)", "full@gcn": "source-only GCN", "full@graph-mlp": "source-only MLP"}
+NAMES = {"homophily:pairs": "homophily (pairs)", "full@gcn": "source-only GCN", "udagcn@gcn": "UDAGCN-style (GCN)",
+         "full@graph-mlp": "source-only MLP"}  # fmt: skip
 
 
 def pair(source: float, target: float) -> Benchmark:
@@ -36,6 +38,7 @@ def pair(source: float, target: float) -> Benchmark:
         ),  # fmt: skip
         metrics=("accuracy", "macro_f1"),
         names=NAMES,
+        script=Path(__file__).name,
         claims=(
             Claim("homophily", "accuracy", text=f"h {source:g} → {target:g}: alignment beats the encoder without it"),
             Claim("homophily", "accuracy", against="full@gcn", text="… and a source-only GCN"),
