@@ -226,3 +226,22 @@ def test_pretrain_stage_bank_writes_a_bank_with_provenance(tmp_path):
     back = load_bank(tmp_path / "bank.safetensors")
     assert len(back.entries) == len(bank.entries) == 12 and back.sites() == ["B"]
     assert all(len(e.provenance["record_sha256"]) == 2 for e in back.entries)
+
+
+def test_the_bank_baselines_choose_from_the_entries_the_generator_is_fitted_on():
+    """Issue 25's audit: the generator was fitted on 49 entries while the mean and nearest baselines used all 54."""
+    task, data, model, method = site_setup(generator="regressor")
+    method.setup(task, method.prepare(model), data, 7)
+    mean = methods.get("physiopfm-mean")()
+    mean.progress = False
+    mean_model = mean.prepare(task.load_model(None))
+    mean.setup(task, mean_model, data, 7)
+    fitted = [e for e in mean.bank.entries if e.provenance["name"] in set(method.fitted_on)]
+    assert 0 < len(fitted) == len(method.fitted_on) < len(mean.bank.entries)
+    assert mean.diagnostics(task, mean_model, data)["bank_entries"] == len(fitted)
+    layers = lora.lora_layers(mean_model)
+    for name, (a, b) in mean.bank.factors_of(torch.stack([e.vector() for e in fitted]).mean(0)).items():
+        torch.testing.assert_close(layers[name].lora_A.weight.detach(), a)  # summed in another order: not bitwise
+        torch.testing.assert_close(layers[name].lora_B.weight.detach(), b)
+    with pytest.raises(UserError, match="--held-out must be in"):
+        methods.get("physiopfm-nearest")(held_out=1.0).bank_split(54, 0)

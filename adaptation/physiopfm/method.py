@@ -15,10 +15,11 @@ Stages (the chosen method writes each one's output to ``<run>/physiopfm/``):
 
 Baselines (same head, same adapters): ``physiopfm-none`` (the frozen backbone with the ETF head),
 ``physiopfm-mean`` (the mean of the bank's factors), ``physiopfm-nearest`` (the bank entry with the nearest
-descriptor), ``physiopfm-local`` (the same LoRA trained by backprop on the site's labelled examples: the upper
-bound). Metrics of the site's adaptation itself: ``site_adaptation_seconds`` and ``site_adaptation_memory_bytes``
-(what the stage added to the process at its peak), beside ``generator_fit_seconds`` and
-``generator_fit_memory_bytes``.
+descriptor) — both choosing from the entries the generator is fitted on (``--held-out`` leaves the same entries,
+drawn with the seed, out of every variant) — and ``physiopfm-local`` (the same LoRA trained by backprop on the
+site's labelled examples: the upper bound). Metrics of the site's adaptation itself: ``site_adaptation_seconds``
+and ``site_adaptation_memory_bytes`` (what the stage added to the process at its peak), beside
+``generator_fit_seconds`` and ``generator_fit_memory_bytes``.
 """
 
 from __future__ import annotations
@@ -90,6 +91,12 @@ class _BankMethod(Method):
         ),  # fmt: skip
         Option("shapelet_points", int, 12, "perceptually important points per class shapelet"),
         Option("shapelet_length", int, 32, "samples of each class shapelet"),
+        Option(
+            "held_out",
+            float,
+            0.1,
+            "share of the bank left out of every variant (drawn with the seed), to score the generated updates on",
+        ),  # fmt: skip
     )
 
     def check(self, task: "Task", data: "TaskData", model: nn.Module) -> None:
@@ -146,8 +153,9 @@ class _BankMethod(Method):
         """Stages (a)-(c) on the bank, then (d) at the site, each with its own time and peak memory (the run's
         ``training_memory_bytes`` of this method is then the site stage's: the last window measured)."""
         self.bank = self._usable(self._bank(task), data)
+        self.held, self.fit_index = self.bank_split(len(self.bank.entries), seed)
         self.n_classes = next(m for m in model.modules() if isinstance(m, EtfHead)).n_classes
-        self.diagnostics_ = {"bank_entries": float(len(self.bank.entries))}
+        self.diagnostics_ = {"bank_entries": float(len(self.fit_index))}
         device = next(model.parameters()).device
         with PeakMemory(device) as memory:
             self.fit(seed)
@@ -157,6 +165,19 @@ class _BankMethod(Method):
             self.adapt_site(task, model, data, seed)
         self.diagnostics_["site_adaptation_seconds"] = time.perf_counter() - start
         self.diagnostics_["site_adaptation_memory_bytes"] = float(memory.added_bytes or memory.peak_bytes)
+
+    def bank_split(self, n_entries: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(held-out, used) entry indices: ``held_out`` of the ``n_entries`` (at least one when above 0), drawn with
+        ``seed``; every variant with the same seed uses the same entries."""
+        if not 0 <= self.config["held_out"] < 1:
+            raise UserError(f"method '{self.name}': --held-out must be in [0, 1), got {self.config['held_out']}")
+        order = np.random.default_rng(seed).permutation(n_entries)
+        n_held = max(1, round(self.config["held_out"] * n_entries)) if self.config["held_out"] > 0 else 0
+        return order[:n_held], order[n_held:]
+
+    def used_entries(self) -> list:
+        """The bank entries this variant chooses from (the held-out ones left out)."""
+        return [self.bank.entries[i] for i in self.fit_index]
 
     def fit(self, seed: int) -> None:
         """Whatever the variant learns from the bank before it meets the site (nothing by default)."""
@@ -211,7 +232,7 @@ class BankMean(_BankMethod):
     description = "PhysioPFM's mean-of-bank baseline: the mean of the bank's LoRA factors, ETF head"
 
     def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
-        return torch.stack([entry.vector() for entry in self.bank.entries]).mean(0)
+        return torch.stack([entry.vector() for entry in self.used_entries()]).mean(0)
 
 
 @methods.register
@@ -220,11 +241,12 @@ class BankNearest(_BankMethod):
     description = "PhysioPFM's nearest-descriptor baseline: the bank entry whose descriptor is nearest the site's"
 
     def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
-        bank = np.stack([self.descriptor(e.prototypes, e.counts) for e in self.bank.entries])
+        entries = self.used_entries()
+        bank = np.stack([self.descriptor(e.prototypes, e.counts) for e in entries])
         nearest = int(np.argmin(((bank - descriptor) ** 2).sum(1)))
-        self.diagnostics_["nearest_entry"] = float(nearest)
-        log.info("%s: nearest bank entry %s", self.name, self.bank.entries[nearest].provenance["name"])
-        return self.bank.entries[nearest].vector()
+        self.diagnostics_["nearest_entry"] = float(self.fit_index[nearest])
+        log.info("%s: nearest bank entry %s", self.name, entries[nearest].provenance["name"])
+        return entries[nearest].vector()
 
 
 @methods.register
@@ -239,18 +261,15 @@ class PhysioPFM(_BankMethod):
         Option("width", int, 64, "token width of the diffusion transformer"),
         Option("depth", int, 2, "transformer blocks of the diffusion transformer (the paper's: 12, GPT-2)"),
         Option("sampling_steps", int, 50, "DDIM steps when sampling the diffusion generator (1000 trained)"),
-        Option("bank_size", int, 0, "use a random subset of this many bank entries (0: all; an ablation)"),
-        Option("held_out", float, 0.1, "share of the bank held out of the generator's fit to score it"),
+        Option("bank_size", int, 0, "fit the generator on this many of the used entries (0: all; an ablation)"),
     )
 
     def fit(self, seed: int) -> None:
         from workbench.adaptation.physiopfm.generator import fit_weight_generator
 
         entries = self.bank.entries
-        rng = np.random.default_rng(seed)
-        order = rng.permutation(len(entries))
-        n_held = max(1, round(self.config["held_out"] * len(entries))) if self.config["held_out"] > 0 else 0
-        held, fit = order[:n_held], order[n_held:]
+        held, fit = self.held, self.fit_index
+        n_held = len(held)
         if self.config["bank_size"]:
             fit = fit[: self.config["bank_size"]]
         if len(fit) < 2:
