@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from workbench.checkpoint import write_json, write_text
 from workbench.comparison import CompareSpec, compare
-from workbench.comparison_report import Claim, resampled, table
+from workbench.comparison_report import Claim, resampled, summarise, table
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -85,6 +85,21 @@ def results(benchmark: Benchmark, comparison: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def refreshed(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with its summary and claims computed again from its cells by the current statistics (what
+    ``--refresh`` writes: the results never hold a number the cells do not give)."""
+    comparison = result["comparison"]
+    stored = comparison["spec"]
+    spec = CompareSpec(**{key: tuple(value) if isinstance(value, list) else value for key, value in stored.items()})
+    facts = {key: comparison[key] for key in ("group_kind", "groups_per_seed", "metrics", "lower_is_better",
+                                              "metrics_note")}  # fmt: skip
+    summary = summarise(spec, facts, comparison["cells"])
+    names = {f.name for f in dataclasses.fields(Claim)}
+    claims = [Claim(**{key: value for key, value in claim.items() if key in names}) for claim in result["claims"]]
+    verdicts = [{**dataclasses.asdict(claim), **claim.verdict(summary)} for claim in claims]
+    return {**result, "claims": verdicts, "comparison": summary}
+
+
 def rendered(result: dict[str, Any]) -> str:
     """The README block of one results file: how it was measured, the table, the claims' verdicts."""
     comparison = result["comparison"]
@@ -130,7 +145,14 @@ def render_readme(text: str, results_dir: Path = RESULTS) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="render README.md's claim tables from benchmarks/results/")
     parser.add_argument("--check", action="store_true", help="exit 1 when README.md differs from the results")
+    parser.add_argument("--refresh", action="store_true",
+                        help="first recompute every results file's summary and claims from its cells")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.refresh:
+        for path in sorted(RESULTS.glob("*.json")):
+            result = json.loads(path.read_text())
+            if "comparison" in result:
+                write_json(path, refreshed(result))
     text = README.read_text()
     new = render_readme(text)
     if args.check:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _claims():
     spec = importlib.util.spec_from_file_location("benchmark_claims", ROOT / "benchmarks" / "claims.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -23,6 +25,14 @@ def test_readme_agrees_with_the_results_files():
     names = [match["name"] for match in claims.BLOCK.finditer(text)]
     assert names, "README.md renders no benchmark block"
     assert claims.render_readme(text) == text, "README.md differs from benchmarks/results/: python benchmarks/claims.py"
+
+
+def test_every_results_file_agrees_with_its_own_cells():
+    claims = _claims()
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        result = json.loads(path.read_text())
+        if "comparison" in result:  # a comparison's results (speed benchmarks write their own tables)
+            assert claims.refreshed(result) == result, f"{path.name}: python benchmarks/claims.py --refresh"
 
 
 def test_a_changed_result_changes_the_readme(tmp_path):

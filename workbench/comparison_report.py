@@ -24,6 +24,8 @@ from workbench.checkpoint import write_text
 BOOTSTRAP_DRAWS = 10_000
 #: Metrics the forest plot shows (the first of the task's).
 FOREST_METRICS = 3
+#: A difference is shown when its 95 % interval excludes the bound and the signed-rank test agrees at this level.
+SIGNIFICANCE = 0.05
 #: Fewest seeds for an interval that resamples seeds rather than cells.
 MIN_SEEDS_FOR_CLUSTERS = 5
 #: Fewest paired cells for a verdict: below it a percentile bootstrap is too narrow and the signed-rank test cannot
@@ -105,16 +107,17 @@ def _paired(cells: list[dict], reference: dict, metric: str, lower_better: bool)
     low, high = paired_interval(differences, seeds)
     sign = -1 if lower_better else 1
     better_low, better_high = sorted((sign * low, sign * high))  # the interval in the better direction
+    p = signed_rank_p(differences)
     if len(differences) < MIN_CELLS_FOR_VERDICT:
         verdict = f"too few cells for a verdict (< {MIN_CELLS_FOR_VERDICT})"
-    elif math.isnan(low) or better_low <= 0 <= better_high:
+    elif math.isnan(low) or better_low <= 0 <= better_high or not p < SIGNIFICANCE:
         verdict = "no difference shown"
     else:
         verdict = "better" if better_low > 0 else "worse"
     return {
         "mean": float(np.mean(differences)),
         "interval": [low, high],
-        "wilcoxon_p": signed_rank_p(differences),
+        "wilcoxon_p": p,
         "wins": int(sum(sign * d > 0 for d in differences)),
         "cells": len(differences),
         "resampled": resampled(seeds),
@@ -187,15 +190,17 @@ class Claim:
         sign = -1 if lower else 1
         low = min(sign * interval[0], sign * interval[1])  # the interval's bound nearest "worse"
         enough = len(differences) >= MIN_CELLS_FOR_VERDICT
-        holds = enough and (low > self.margin if self.kind == "better" else low > -self.margin)
-        bound = f"{self.margin:+g}" if self.kind == "better" else f"{-self.margin:+g}"
+        bound_value = self.margin if self.kind == "better" else -self.margin
+        p = signed_rank_p([sign * d - bound_value for d in differences])  # the test of "beyond the bound"
+        holds = enough and low > bound_value and p < SIGNIFICANCE
+        bound = f"{bound_value:+g}"
         mean = float(np.mean(differences)) if differences else float("nan")
         line = (
             f"{'holds' if holds else 'does not hold'}: {self.method} − {against} on {self.metric} {mean:+.3f} "
             f"[{interval[0]:+.3f}, {interval[1]:+.3f}] over {len(differences)} cells "
             f"({'resampling seeds' if resampled([c['seed'] for c in mine]) == 'seeds' else 'resampling cells'}), "
-            f"p={signed_rank_p(differences):.2g} "
-            f"(holds when the interval clears {bound} towards {'lower' if lower else 'higher'})"
+            f"signed-rank p={p:.2g} (holds when the interval clears {bound} towards {'lower' if lower else 'higher'} "
+            f"and p < {SIGNIFICANCE:g})"
             + ("" if enough else f"; too few cells for a verdict (< {MIN_CELLS_FOR_VERDICT})")
         )
         return {"holds": bool(holds), "line": line, "difference": mean, "interval": list(interval),
