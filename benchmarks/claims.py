@@ -56,9 +56,14 @@ def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> dict[str, An
     parser.add_argument("--workers", type=int, default=1, help="cells at a time")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per cell")
     parser.add_argument("--dev", action="store_true", help="development seeds 0-1 (no results file)")
+    parser.add_argument("--epochs", type=int, help="with --dev: fewer epochs, to see that it runs")
     args = parser.parse_args(argv)
-    spec = dataclasses.replace(benchmark.spec, seeds=(0, 1)) if args.dev else benchmark.spec
-    out = HERE / "runs" / ("dev" if args.dev else "") / benchmark.name
+    if args.epochs is not None and not args.dev:
+        parser.error("--epochs changes the benchmark: only with --dev")
+    spec = benchmark.spec
+    if args.dev:
+        spec = dataclasses.replace(spec, seeds=(0, 1), epochs=args.epochs or spec.epochs)
+    out = HERE / "runs" / ("dev" if args.dev else "") / (benchmark.name + (f"-e{args.epochs}" if args.epochs else ""))
     comparison = compare(spec, out, workers=args.workers, threads=args.threads)
     result = results(benchmark, comparison)
     if not args.dev:

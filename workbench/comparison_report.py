@@ -139,6 +139,7 @@ def _costs(cells: list[dict]) -> dict[str, Any]:
         "epochs": mean("epochs"),
         "train_seconds": mean("train_seconds"),
         "peak_memory_bytes": mean("peak_memory_bytes"),
+        "training_step_bytes": mean("training_step_bytes"),
         "test_samples": mean("test_samples"),
         "learning_rates": sorted({r["learning_rate"] for r in cells if r.get("learning_rate") is not None}),
     }
@@ -221,15 +222,16 @@ def _difference(entry: Mapping[str, Any]) -> str:
 
 
 def table(comparison: Mapping[str, Any], metrics: Sequence[str] | None = None) -> str:
-    """The markdown table of a comparison: per method mean ± sd, paired difference with interval, costs."""
+    """The markdown table of a comparison: per method mean ± sd, paired difference with interval, costs (step MiB:
+    the tensors one training step allocates, `workbench.memory`; the process's peak is in the cells)."""
     metrics = list(metrics or comparison["metrics"][:2])
     headline = metrics[0]
     head = ["method", "cells", *(f"{m} (mean ± sd)" for m in metrics), f"Δ {headline} vs reference [95 % CI]",
-            "trainable params", "steps", "train s", "peak MB"]  # fmt: skip
+            "trainable params", "steps", "train s", "step MiB"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, entry in comparison["summary"].items():
         costs = entry["costs"]
-        memory = costs["peak_memory_bytes"]
+        memory = costs.get("training_step_bytes")
         row = [
             name,
             str(entry["cells"]),
@@ -238,7 +240,7 @@ def table(comparison: Mapping[str, Any], metrics: Sequence[str] | None = None) -
             f"{costs['trainable_parameters']:,}" if costs["trainable_parameters"] is not None else "–",
             f"{costs['steps']:.0f}" if costs["steps"] is not None else "–",
             f"{costs['train_seconds']:.1f}" if costs["train_seconds"] is not None else "–",
-            f"{memory / 2**20:.0f}" if memory else "–",
+            f"{memory / 2**20:.1f}" if memory else "–",
         ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
