@@ -2,23 +2,21 @@
 at least as well as MoELoRA and plain LoRA plug-ins, at about plain LoRA's training time, and does three-stage
 training beat one mixed stage?
 
-1. **Quality** (``--seeds``, default 0 1 2): one `workbench.adapt` run per seed with ``hlora`` beside ``moelora``,
-   ``hlora-lora`` (plain LoRA plug-ins of the same total rank) and ``hlora-mixed`` (H-LoRA, one mixed stage for
-   three times the epochs), each three-stage method ``--epochs`` per stage (MoELoRA on the first seed only: see
-   `quality`). Scores on the test records: closed-VQA
-   accuracy, open-answer recall, report findings F1, SSIM / PSNR per generation sub-task. The seconds per epoch of
-   the adapter stage (stage 3, the same samples for every method) come from the same runs.
-2. **Step time against k** (one process, side by side): a training step (forward, backward, Adam) of the shipped
-   model with H-LoRA, MoELoRA and plain LoRA plug-ins on the same mixed batch, ``k`` = 2, 4, 8 experts, the
-   methods interleaved over ``--repeats`` rounds; median seconds and the ratio to plain LoRA. HealthGPT reports
-   H-LoRA at 1.00× LoRA and MoELoRA at 1.22 / 1.49 / 2.09× for k = 2 / 4 / 8.
-3. **Comprehension before and after the generation plug-in** (seed 0): the comprehension plug-in is trained on
-   the comprehension records and scored; then generation is trained — into its own plug-in (H-LoRA), or into the
-   same single adapter (one shared LoRA for both skills) — and comprehension is scored again.
+1. **Quality** (`BENCHMARK`, on `workbench compare`): ``hlora`` (the reference) beside ``hlora-lora`` (plain LoRA
+   plug-ins of the same total rank, the same three stages), on grouped folds of subjects or images, each stage
+   ``epochs`` long (align, embed, adapt; the same optimizer steps for both). Cut for this machine: ``moelora`` (the
+   same experts looped) and ``hlora-mixed`` (one mixed stage for three times the epochs, which takes more optimizer
+   steps than the three stages; issue 26 compares them at equal updates) are not run; see ``note``. Scores on the
+   test records: closed-VQA accuracy, open-answer recall, report findings F1, SSIM / PSNR.
+2. **Costs** (`costs`, not a fold comparison; ``--costs``; ``results/medvl_hlora_costs.json``): the step time of
+   H-LoRA, MoELoRA and plain LoRA plug-ins against ``k`` (one process, side by side: HealthGPT reports H-LoRA at
+   1.00× LoRA and MoELoRA at 1.22 / 1.49 / 2.09× for k = 2 / 4 / 8), and comprehension before and after the
+   generation plug-in is trained (its own plug-in, H-LoRA, or one adapter shared by both skills; seed 0).
 
-    python benchmarks/medvl_hlora.py                  # 3 seeds, 4 epochs per stage (~35 min on 2 cores)
-    python benchmarks/medvl_hlora.py --seeds 0 --epochs 2 --repeats 3     # a quick look
-    python benchmarks/medvl_hlora.py --table          # the tables of the saved results
+    python benchmarks/medvl_hlora.py                  # quality: 2 entries × 6 folds × seed 100
+    python benchmarks/medvl_hlora.py --dev            # seeds 0, 1 (development; no results file)
+    python benchmarks/medvl_hlora.py --costs          # step time against k; comprehension kept
+    python benchmarks/medvl_hlora.py --costs --table  # the tables of the saved costs
 """
 
 from __future__ import annotations
@@ -26,43 +24,42 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import tempfile
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
+from claims import Benchmark, run
 
-import workbench
+from workbench.checkpoint import write_json
+from workbench.comparison import CompareSpec
+from workbench.comparison_report import Claim
 
-RESULTS = Path(__file__).parent / "results" / "medvl_hlora.json"
-METHODS = ("hlora", "moelora", "hlora-lora", "hlora-mixed")
-LABELS = {"hlora": "H-LoRA", "moelora": "MoELoRA", "hlora-lora": "LoRA (same rank)",
-          "hlora-mixed": "H-LoRA, mixed 1 stage"}  # fmt: skip
-SCORES = ("closed_accuracy", "open_recall", "report_f1", "ssim_reconstruct", "ssim_super_resolution",
-          "ssim_modality_conversion", "psnr_db")  # fmt: skip
+COSTS = Path(__file__).parent / "results" / "medvl_hlora_costs.json"
 
-
-def quality(seeds: list[int], epochs: int, runs: Path) -> list[dict]:
-    """One record per seed × method: its scores and its adapter stage's seconds per epoch. MoELoRA runs on the
-    first seed only: it computes H-LoRA's function from the same initial values (its experts are drawn as the row
-    blocks of H-LoRA's factors), so at equal seeds it trains to H-LoRA's numbers up to rounding."""
-    records = []
-    for seed in seeds:
-        out = runs / f"seed{seed}"
-        chosen = [m for m in METHODS if m != "moelora" or seed == seeds[0]]
-        metrics = workbench.adapt(domain="medvl", method="hlora", baselines=chosen[1:], epochs=epochs,
-                                  seed=seed, out=str(out), quiet=True).metrics  # fmt: skip
-        for method in chosen:
-            scores = metrics["after"] if method == "hlora" else metrics["baselines"][method]
-            history = json.loads((out / "results" / f"{method}.json").read_text())["history"]
-            last = history[-1]["stage"]
-            seconds = float(np.mean([h["seconds"] for h in history if h["stage"] == last]))
-            records.append({"seed": seed, "method": method, "adapt_seconds_per_epoch": seconds,
-                            **{k: scores[k] for k in SCORES if k in scores}})  # fmt: skip
-        print(f"seed {seed}: done", flush=True)
-    return records
+BENCHMARK = Benchmark(
+    name="medvl_hlora",
+    spec=CompareSpec("medvl", ("hlora", "hlora-lora"), folds=6, seeds=(100,), epochs=2, train_size=128),
+    metrics=("ssim", "closed_accuracy", "open_recall", "report_f1"),
+    names={"hlora": "H-LoRA", "hlora-lora": "LoRA plug-ins (same rank)"},
+    claims=(
+        Claim("hlora", "ssim", against="hlora-lora", text="H-LoRA generates better than plain LoRA plug-ins"),
+        Claim("hlora", "closed_accuracy", kind="not_worse", margin=0.05, against="hlora-lora",
+              text="H-LoRA comprehends (closed VQA) within 0.05 of plain LoRA plug-ins"),
+    ),
+    note=(
+        "Cut to fit a 2-core machine shared by other jobs: 2 epochs per stage (the earlier table: 4) on 128 training "
+        "records per cell (all ~540 earlier), one seed over 6 folds (6 cells per entry); no MoELoRA entry (the same "
+        "function as H-LoRA from the same initial values, at 1.6–2.8× its step time: see the step-time table) and no "
+        "one-mixed-stage entry (``hlora-mixed``: it takes more optimizer steps than the three stages, and issue 26 "
+        "compares the two at equal updates), so HealthGPT's three-stage claim is not tested here. At this budget "
+        "generation has not started to learn: both entries decode the same images in 4 of the 6 folds and PSNR is "
+        "below the untrained model's (9.6 vs 11.6 dB), so the SSIM claim is not tested either (it needs at least "
+        "the earlier 4 epochs per stage on every record)."
+    ),
+)  # fmt: skip
 
 
 def _mixed_batch(task, data, size: int = 16):
@@ -153,70 +150,45 @@ def interference(epochs: int, seed: int = 0) -> list[dict]:
 
 
 def tables(results: dict) -> str:
-    lines = []
-    if results.get("quality"):
-        q = results["quality"]
-        seeds = sorted({r["seed"] for r in q})
-        lines += [f"Quality, {len(seeds)} seed(s), {results['epochs']} epochs per stage (mean ± sd over seeds)", ""]
-        head = ["method"] + list(SCORES) + ["adapt s/epoch"]
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "---|" * len(head))
-        for method in METHODS:
-            rows = [r for r in q if r["method"] == method]
-            cells = [LABELS[method]]
-            for key in SCORES + ("adapt_seconds_per_epoch",):
-                values = np.array([r[key] for r in rows if key in r], float)
-                cells.append(f"{values.mean():.3f} ± {values.std():.3f}" if len(values) else "–")
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-    if results.get("step_times"):
-        lines += ["Training step time against the number of experts k (median, ratio to plain LoRA)", ""]
-        lines.append("| k | LoRA | H-LoRA | MoELoRA |")
-        lines.append("|---|---|---|---|")
-        for k in sorted({r["k"] for r in results["step_times"]}):
-            by = {r["method"]: r for r in results["step_times"] if r["k"] == k}
-            cells = [f"{by[m]['seconds_per_step'] * 1e3:.0f} ms ({by[m]['ratio_to_lora']:.2f}×)"
-                     for m in ("hlora-lora", "hlora", "moelora")]  # fmt: skip
-            lines.append(f"| {k} | " + " | ".join(cells) + " |")
-        lines.append("")
-    if results.get("interference"):
-        lines += ["Comprehension before and after generation is trained (seed 0)", ""]
-        lines.append("| adapters | stage | closed accuracy | open recall | report F1 |")
-        lines.append("|---|---|---|---|---|")
-        for r in results["interference"]:
-            lines.append(f"| {r['adapters']} | {r['stage']} | {r['closed_accuracy']:.3f} | {r['open_recall']:.3f} | "
-                         f"{r['report_f1']:.3f} |")  # fmt: skip
+    """The markdown tables of ``results/medvl_hlora_costs.json``."""
+    lines = ["Training step time against the number of experts k (median, ratio to plain LoRA)", ""]
+    lines.append("| k | LoRA | H-LoRA | MoELoRA |")
+    lines.append("|---|---|---|---|")
+    for k in sorted({r["k"] for r in results["step_times"]}):
+        by = {r["method"]: r for r in results["step_times"] if r["k"] == k}
+        cells = [f"{by[m]['seconds_per_step'] * 1e3:.0f} ms ({by[m]['ratio_to_lora']:.2f}×)"
+                 for m in ("hlora-lora", "hlora", "moelora")]  # fmt: skip
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines += ["", f"Comprehension before and after generation is trained (seed 0, {results['epochs']} epoch(s) per "
+              "phase)", ""]  # fmt: skip
+    lines.append("| adapters | stage | closed accuracy | open recall | report F1 |")
+    lines.append("|---|---|---|---|---|")
+    for r in results["interference"]:
+        lines.append(f"| {r['adapters']} | {r['stage']} | {r['closed_accuracy']:.3f} | {r['open_recall']:.3f} | "
+                     f"{r['report_f1']:.3f} |")  # fmt: skip
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=4, help="epochs per training stage")
+def costs(argv: list[str]) -> None:
+    """The parts that are not a fold comparison: step time against k, comprehension kept (``--costs``)."""
+    parser = argparse.ArgumentParser(description="medvl_hlora costs: step time against k; comprehension kept")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs per phase of the comprehension part")
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--parts", nargs="+", default=["quality", "step_times", "interference"])
     parser.add_argument("--table", action="store_true", help="print the saved results and stop")
-    args = parser.parse_args()
-    if args.table:
-        print(tables(json.loads(RESULTS.read_text())))
-        return
-    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    machine = f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}"
-    results.update({"epochs": args.epochs, "machine": machine})
-    RESULTS.parent.mkdir(exist_ok=True)
-    if "step_times" in args.parts:
-        results["step_times"] = step_times(tuple(args.ks), args.repeats)
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")  # each part saved as soon as it is done
-    if "interference" in args.parts:
-        results["interference"] = interference(args.epochs)
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-    if "quality" in args.parts:
-        with tempfile.TemporaryDirectory() as runs:
-            results["quality"] = quality(args.seeds, args.epochs, Path(runs))
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-    print(tables(results))
+    args = parser.parse_args(argv)
+    if not args.table:
+        write_json(COSTS, {
+            "machine": f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}",
+            "epochs": args.epochs,
+            "step_times": step_times(tuple(args.ks), args.repeats),
+            "interference": interference(args.epochs),
+        })  # fmt: skip
+    print(tables(json.loads(COSTS.read_text())))
 
 
 if __name__ == "__main__":
-    main()
+    if "--costs" in sys.argv:
+        costs([a for a in sys.argv[1:] if a != "--costs"])
+    else:
+        run(BENCHMARK)
