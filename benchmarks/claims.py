@@ -110,11 +110,16 @@ def rendered(result: dict[str, Any]) -> str:
     comparison = result["comparison"]
     spec = comparison["spec"]
     seeds = spec["seeds"]
-    seed_text = f"seeds {seeds[0]}–{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else f"seeds {seeds}"
+    if len(seeds) == 1:
+        seed_text = f"seed {seeds[0]}"
+    elif seeds == list(range(seeds[0], seeds[-1] + 1)):
+        seed_text = f"seeds {seeds[0]}–{seeds[-1]}"
+    else:
+        seed_text = "seeds " + ", ".join(str(seed) for seed in seeds)
     lines = [
         f"`python benchmarks/{result.get('script') or result['benchmark'] + '.py'}`: "
         f"`workbench compare --domain {spec['domain']}`, "
-        f"{spec['folds']} grouped folds ({comparison['group_kind']}s) × {seed_text}, budget {spec['budget']} "
+        f"{spec['folds']} grouped folds (groups: {comparison['group_kind']}) × {seed_text}, budget {spec['budget']} "
         f"({comparison['budget_note']}); Δ: paired difference to {spec['reference']} with its 95 % bootstrap "
         f"interval (resampling {resampled(seeds)}) and Wilcoxon p over the cells.",
         "",

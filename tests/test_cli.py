@@ -243,7 +243,7 @@ def test_unknown_names_and_options():
             "homophily",
             "method 'homophily' adapts gnn models; this model (ScaleShiftMACE) is of the mace family",
         ),
-        ("ptbxl", "warmpot", "method 'warmpot' needs a task that offers target_pool; task 'ptbxl' offers predict"),
+        ("ptbxl", "warmpot", "method 'warmpot' needs a task that offers target_pool; task 'ptbxl' offers folds, predict"),
         ("csbm", "pada", "method 'pada' needs a task that exposes a batch's features and class logits"),
     ],
 )
