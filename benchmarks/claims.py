@@ -95,7 +95,7 @@ def refreshed(result: dict[str, Any]) -> dict[str, Any]:
     ``--refresh`` writes: the results never hold a number the cells do not give)."""
     comparison = result["comparison"]
     stored = comparison["spec"]
-    spec = CompareSpec(**{key: tuple(value) if isinstance(value, list) else value for key, value in stored.items()})
+    spec = CompareSpec.from_dict(stored)
     facts = {key: comparison[key] for key in ("group_kind", "groups_per_seed", "metrics", "lower_is_better",
                                               "metrics_note")}  # fmt: skip
     summary = summarise(spec, facts, comparison["cells"])

@@ -138,6 +138,8 @@ def test_a_dask_cluster_gives_the_local_executors_numbers(tmp_path):
         (["--methods", "full,warmpot", "--seeds", "1-x"], "--seeds takes comma-separated numbers"),
         (["--methods", "full,warmpot", "--set", "warmpot.nosuch=1"], "has no option nosuch"),
         (["--methods", "full,full"], "names a method twice"),
+        (["--methods", "full", "--select-on", "nosuch"], "selects on loss or one of its metrics"),
+        (["--methods", "full", "--warmup-share", "0.1"], "needs --schedule linear"),
     ],
 )
 def test_compare_refuses_bad_command_lines_in_one_line(flags, message, tmp_path, capsys):
@@ -168,6 +170,28 @@ def test_compare_from_the_command_line_with_a_task_option(tmp_path):
         assert set(losses) == {"0.0001", "0.01"} and cell["learning_rate"] == float(min(losses, key=losses.get))
         assert cell["best_val_loss"] == min(losses.values())
     assert "chosen per cell" in (out / "report.md").read_text()
+
+
+def test_every_method_trains_under_the_compared_schedule_and_selection(tmp_path):
+    """--schedule linear --select-on METRIC reach every cell's run: the rate decays to 0 at the last step, and the
+    kept epoch is the one of the best validation metric (its negation is the objective)."""
+    out = tmp_path / "schedule"
+    code = cli(["compare", "--domain", "features", "--methods", "full", "--folds", "2", "--seeds", "5",
+                "--epochs", "3", "--train-size", "60", "--val-size", "20", "--batch-size", "20",
+                "--pretrain-epochs", "20", "--schedule", "linear", "--warmup-share", "0.2",
+                "--select-on", "balanced_accuracy", "--out", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["budget_note"].endswith("decayed linearly to 0; the epoch (and early stopping) chosen on "
+                                              "validation balanced_accuracy")  # fmt: skip
+    for cell in comparison["cells"]:
+        result = json.loads((out / cell["run"] / "results" / "full.json").read_text())
+        history = result["history"]
+        assert history[-1]["lr"] == 0.0 and max(h["lr"] for h in history) > 0
+        assert all(-1.0 <= h["objective"] <= 0.0 for h in history)  # a negated balanced accuracy
+        assert result["best_epoch"] == min(history, key=lambda h: h["objective"])["epoch"]
+        assert cell["best_objective"] == min(h["objective"] for h in history)
+    assert "chosen on validation balanced_accuracy" in (out / "report.md").read_text()
 
 
 @pytest.mark.slow

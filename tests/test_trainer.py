@@ -82,10 +82,12 @@ class Interrupt(Exception):
     pass
 
 
-def test_resume_after_interruption_gives_identical_weights(tmp_path):
+@pytest.mark.parametrize("settings", [SETTINGS, replace(SETTINGS, schedule="linear", warmup_share=0.1)],
+                         ids=["plateau", "linear"])  # fmt: skip
+def test_resume_after_interruption_gives_identical_weights(tmp_path, settings):
     train, val = regression(32, 1), regression(8, 2)
     whole = fresh_model()
-    Trainer(whole, mse, collate, train, val, SETTINGS, progress=False).fit()
+    Trainer(whole, mse, collate, train, val, settings, progress=False).fit()
 
     calls = {"n": 0}
 
@@ -97,11 +99,11 @@ def test_resume_after_interruption_gives_identical_weights(tmp_path):
 
     checkpoint = tmp_path / "state.pt"
     with pytest.raises(Interrupt):
-        Trainer(fresh_model(), dies_in_epoch_six, collate, train, val, SETTINGS, checkpoint, progress=False).fit()
+        Trainer(fresh_model(), dies_in_epoch_six, collate, train, val, settings, checkpoint, progress=False).fit()
     resumed = fresh_model()
-    trainer = Trainer(resumed, mse, collate, train, val, SETTINGS, checkpoint, progress=False)
+    trainer = Trainer(resumed, mse, collate, train, val, settings, checkpoint, progress=False)
     history = trainer.fit(resume=True)
-    assert len(history) == SETTINGS.epochs
+    assert len(history) == settings.epochs
     torch.testing.assert_close(resumed.weight, whole.weight, rtol=0, atol=0)
     torch.testing.assert_close(resumed.bias, whole.bias, rtol=0, atol=0)
 
@@ -233,3 +235,55 @@ def test_a_method_in_stages_trains_each_stage_with_its_own_parameters_samples_an
     _train(TwoStages().plan(task, again, data, PlanInputs(SETTINGS)), task, again, tmp_path / "m.pt", "cpu", False, "m",
            True)  # fmt: skip
     assert torch.equal(again.weight, model.weight) and torch.equal(again.bias, model.bias)
+
+
+def test_linear_schedule_matches_transformers_warmup_then_linear_decay():
+    """--schedule linear follows transformers' get_linear_schedule_with_warmup step for step (the reference)."""
+    from transformers import get_linear_schedule_with_warmup
+
+    train = regression(12, 1)
+    settings = TrainSettings(epochs=6, batch_size=4, learning_rate=0.05, ema_decay=None, patience=50,
+                             schedule="linear", warmup_share=0.2)  # fmt: skip
+    seen: list[float] = []
+
+    def recording_mse(model, batch, training):  # the rate each optimizer step uses
+        if training:
+            seen.append(trainer.optimizer.param_groups[0]["lr"])
+        return mse(model, batch, training)
+
+    trainer = Trainer(fresh_model(), recording_mse, collate, train, regression(8, 2), settings, progress=False)
+    trainer.fit()
+    total = 6 * 3  # epochs × steps per epoch
+    reference_optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.05)
+    reference = get_linear_schedule_with_warmup(reference_optimizer, num_warmup_steps=int(0.2 * total),
+                                                num_training_steps=total)  # fmt: skip
+    expected = []
+    for _ in range(total):
+        expected.append(reference_optimizer.param_groups[0]["lr"])
+        reference_optimizer.step()
+        reference.step()
+    assert seen == pytest.approx(expected, abs=1e-15)
+    assert seen[0] == 0.0 and max(seen) == pytest.approx(0.05) and seen[-1] < seen[total // 2]
+
+
+def test_selection_on_a_metric_chooses_its_best_epoch_and_stops_on_it():
+    """select_on a metric: the epoch of the best score (not of the best loss) is kept, and patience counts score."""
+    objectives = iter([3.0, 1.0, 2.0, 5.0, 4.0, 0.0])  # lower is better; epoch 1 is best until patience runs out
+    kept: list[torch.Tensor] = []
+
+    def score(model):
+        kept.append(model.weight.detach().clone())
+        return next(objectives)
+
+    settings = TrainSettings(epochs=6, batch_size=4, learning_rate=0.05, ema_decay=None, patience=3,
+                             select_on="balanced_accuracy")  # fmt: skip
+    model = fresh_model()
+    trainer = Trainer(model, mse, collate, regression(16, 1), regression(8, 2), settings, progress=False,
+                      score=score)  # fmt: skip
+    history = trainer.fit()
+    assert [h["objective"] for h in history] == [3.0, 1.0, 2.0, 5.0, 4.0]  # stopped 3 epochs after epoch 1
+    assert trainer.stopped and torch.equal(model.weight, kept[1])
+    assert min(history, key=lambda h: h["val_loss"])["epoch"] != 1  # the loss alone would have kept another epoch
+    assert _best_epoch([dict(h, stage="train") for h in history]) == 1
+    with pytest.raises(ValueError, match="needs a score"):
+        Trainer(fresh_model(), mse, collate, regression(16, 1), regression(8, 2), settings, progress=False)

@@ -247,6 +247,7 @@ def _add_adapt_command(commands: Any, chosen: dict[str, list[str]] | None, examp
 def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> None:
     """``workbench compare``: its flags (`workbench.comparison.CompareSpec`) and the chosen task's options."""
     from workbench.comparison import BUDGETS, EXECUTORS, FIRST_REPORTED_SEED
+    from workbench.trainer import SCHEDULES
 
     compare = commands.add_parser(
         "compare",
@@ -280,7 +281,12 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
         ("fold-val-share", float, "share of a fold's non-test groups that validates (default: 0.2)"),
     ):
         flags.add_argument(f"--{name}", type=kind, help=text)
-    flags.add_argument("--lr-grid", help="learning rates each method chooses from per cell on validation loss")
+    flags.add_argument("--lr-grid", help="learning rates each method chooses from per cell on the validation "
+                       "objective (--select-on)")
+    flags.add_argument("--schedule", default="plateau", choices=SCHEDULES,
+                       help="every method's learning-rate schedule (see `workbench adapt --help`)")  # fmt: skip
+    flags.add_argument("--warmup-share", type=float, default=0.0, help="share of steps warming up under linear")
+    flags.add_argument("--select-on", default="loss", help="loss or a task metric: chooses the epoch and stops")
     flags.add_argument("--set", action="append", default=[], metavar="METHOD.OPTION=VALUE",
                        help="an option of one compared entry (repeatable): METHOD:VARIANT.OPTION=VALUE")  # fmt: skip
     flags.add_argument("--data", help="your data (default: the task's embedded data)")
@@ -335,6 +341,7 @@ def _compare_spec(args: argparse.Namespace) -> Any:
         train_size=args.train_size, val_size=args.val_size, batch_size=args.batch_size, learning_rate=args.lr,
         lr_grid=numbers(args.lr_grid, float, "--lr-grid") if args.lr_grid else (), val_share=args.fold_val_share or 0.2,
         data=args.data, model=args.model, task_options=options, method_options=method_options,
+        schedule=args.schedule, warmup_share=args.warmup_share, select_on=args.select_on,
     )  # fmt: skip
 
 

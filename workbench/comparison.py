@@ -82,6 +82,10 @@ class CompareSpec:
     lr_grid: tuple[float, ...] = ()
     #: Share of the non-test groups that validates (at least one group).
     val_share: float = 0.2
+    #: Every method's learning-rate schedule, warm-up share and selection (`workbench.trainer.TrainSettings`).
+    schedule: str = "plateau"
+    warmup_share: float = 0.0
+    select_on: str = "loss"
     data: str | None = None
     model: str | None = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
@@ -129,6 +133,11 @@ class CompareSpec:
     def to_dict(self) -> dict[str, Any]:
         content = dataclasses.asdict(self)
         return json.loads(json.dumps(content))  # tuples as lists, as spec.json holds them
+
+    @classmethod
+    def from_dict(cls, content: Mapping[str, Any]) -> "CompareSpec":
+        """The spec a ``spec.json`` holds (fields added since it was written take their defaults)."""
+        return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in content.items()})
 
     @property
     def development(self) -> bool:
@@ -197,7 +206,8 @@ def plan_cells(spec: CompareSpec, quiet: bool = True) -> tuple[list[Cell], dict[
 
 
 def run_cell(spec: CompareSpec, cell: Cell, out: str, threads: int | None = None) -> dict[str, Any]:
-    """Run one cell (each rate of the grid, then keep the one with the lowest validation loss) and write its record
+    """Run one cell (each rate of the grid, then keep the one with the best validation objective: the loss, or the
+    metric of ``select_on``) and write its record
     ``<out>/cells/<method>/fold<k>-seed<s>/cell.json``; returns the record. Runs interrupted earlier resume."""
     folder = Path(out) / "cells" / cell.name
     done = folder / "cell.json"
@@ -209,7 +219,7 @@ def run_cell(spec: CompareSpec, cell: Cell, out: str, threads: int | None = None
         for rate in rates:
             run_dir = folder if len(rates) == 1 else folder / f"lr{rate:g}"
             runs[rate] = _cell_run(spec, cell, run_dir, rate, threads)
-    chosen = min(runs, key=lambda rate: runs[rate]["best_val_loss"]) if len(rates) > 1 else rates[0]
+    chosen = min(runs, key=lambda rate: runs[rate]["best_objective"]) if len(rates) > 1 else rates[0]
     record = {
         "method": cell.method,
         "fold": cell.fold,
@@ -217,7 +227,7 @@ def run_cell(spec: CompareSpec, cell: Cell, out: str, threads: int | None = None
         "split": {name: list(groups) for name, groups in cell.split.items()},
         "run": str(Path("cells") / cell.name / ("" if len(rates) == 1 else f"lr{chosen:g}")).rstrip("/"),
         **runs[chosen],
-        "lr_grid": {f"{rate:g}": runs[rate]["best_val_loss"] for rate in rates} if len(rates) > 1 else {},
+        "lr_grid": {f"{rate:g}": runs[rate]["best_objective"] for rate in rates} if len(rates) > 1 else {},
     }
     write_json(done, record)
     return record
@@ -250,6 +260,9 @@ def cell_request(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | Non
         task_options=dict(spec.task_options),
         method_options=dict(spec.method_options.get(cell.method, {})),
         split=cell.split,
+        schedule=spec.schedule,
+        warmup_share=spec.warmup_share,
+        select_on=spec.select_on,
     )
 
 
@@ -262,12 +275,16 @@ def _cell_run(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, 
     result = json.loads((run.path / "results" / f"{request.method}.json").read_text())
     history = result.get("history", [])
     last_stage = history[-1].get("stage") if history else None
-    val_losses = [row["val_loss"] for row in history if row.get("stage") == last_stage and row.get("selectable", 1)]
+    last = [row for row in history if row.get("stage") == last_stage and row.get("selectable", 1)]
+    val_losses = [row["val_loss"] for row in last]
+    objectives = [row.get("objective", row["val_loss"]) for row in last]
     return {
         "metrics": run.metrics["after"],
         "before": run.metrics["before"],
         "learning_rate": result.get("learning_rate"),
         "best_val_loss": min(val_losses) if val_losses else float("nan"),
+        #: The best validation objective (`CompareSpec.select_on`; lower is better: a metric negated where higher is).
+        "best_objective": min(objectives) if objectives else float("nan"),
         "steps": int(sum(row.get("steps", 0) for row in history)),
         "epochs": len(history),
         "trainable_parameters": result.get("trainable_parameters"),
@@ -340,7 +357,7 @@ def _check_spec(out: Path, spec: CompareSpec) -> bool:
     written = out / "spec.json"
     if not written.is_file():
         return False
-    if json.loads(written.read_text()) != spec.to_dict():
+    if CompareSpec.from_dict(json.loads(written.read_text())).to_dict() != spec.to_dict():
         raise UserError(
             f"{out} holds a comparison with other settings (its spec.json); give another --out, or the same "
             "settings to continue it"

@@ -94,7 +94,7 @@ def summarise(spec: Any, facts: Mapping[str, Any], records: list[dict[str, Any]]
         "development_seeds": spec.development,
         **dict(facts),
         "metrics": metrics,
-        "budget_note": _budget_note(spec, records),
+        "budget_note": _budget_note(spec, records) + _schedule_note(spec),
         "summary": summary,
         "cells": records,
     }
@@ -159,6 +159,17 @@ def _budget_note(spec: Any, records: list[dict]) -> str:
         "unequal optimizer steps: " + ", ".join(sorted(unequal)) + " took fewer than the most in some cells (methods "
         "with several stages, or that do not train by gradient steps; see the steps column)"
     )
+
+
+def _schedule_note(spec: Any) -> str:
+    """The schedule and selection every method trained under, when not the default (plateau, validation loss)."""
+    parts = []
+    if spec.schedule == "linear":
+        parts.append(f"learning rate warmed up linearly over {spec.warmup_share:.0%} of the steps, then decayed "
+                     "linearly to 0")  # fmt: skip
+    if spec.select_on != "loss":
+        parts.append(f"the epoch (and early stopping) chosen on validation {spec.select_on}")
+    return "".join(f"; {part}" for part in parts)
 
 
 # -- claims ------------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 from workbench.errors import UserError
 from workbench.options import resolve_options
 from workbench.registry import methods, models, tasks
-from workbench.trainer import TrainSettings
+from workbench.trainer import SCHEDULES, TrainSettings
 
 #: ``--precision`` values: "auto" is the task's first (`workbench.task.Task.precisions`).
 PRECISIONS = ("auto", "float64", "float32", "bf16", "fp16")
@@ -68,6 +68,24 @@ class RunRequest:
     )
     patience: int | None = field(
         default=None, metadata=_parameter("epochs without validation improvement before stopping", type=int)
+    )
+    schedule: str = field(
+        default="plateau",
+        metadata=_parameter(
+            "learning-rate schedule: plateau (halve after epochs without improvement) or linear (warm-up, then "
+            "linear decay to 0 at the last epoch's last step)",
+            choices=list(SCHEDULES),
+        ),
+    )
+    warmup_share: float = field(
+        default=0.0, metadata=_parameter("share of all steps that warm up under --schedule linear", type=float)
+    )
+    select_on: str = field(
+        default="loss",
+        metadata=_parameter(
+            "what chooses the best epoch and stops early: loss (validation loss) or a metric of the task, scored "
+            "on the validation samples after every epoch (`workbench list` shows each task's metrics)"
+        ),
     )
     ema_decay: float = field(
         default=0.99,
@@ -124,7 +142,7 @@ class RunConfig:
     train_size: int
     val_size: int
     batch_size: int
-    #: Epochs without a better validation loss before a method's training stops.
+    #: Epochs without a better validation objective (``select_on``) before a method's training stops.
     patience: int
     #: Decay of the moving average of the trained weights (0: no averaging).
     ema_decay: float
@@ -140,6 +158,10 @@ class RunConfig:
     threads: int = 0
     #: Held-out groups replacing the task's split (`RunRequest.split`); None: the task's own split.
     split: dict[str, list[str]] | None = None
+    #: `workbench.trainer.TrainSettings.schedule`, ``warmup_share`` and ``select_on`` (defaults: runs written before).
+    schedule: str = "plateau"
+    warmup_share: float = 0.0
+    select_on: str = "loss"
 
     def to_dict(self) -> dict[str, Any]:
         content = dataclasses.asdict(self)
@@ -201,6 +223,7 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
             f"--precision {precision}: task '{domain}' trains in {', '.join(task_cls.precisions)} "
             f"(bad value or not offered by this task's models)"
         )
+    _check_schedule(request, task_cls)
     task_options = {**profile.get("options", {}), **dict(request.task_options)}
     task_options = resolve_options(f"task '{domain}'", task_cls.options, task_options)
     method_options = {**profile.get("method_options", {}), **dict(request.method_options)}
@@ -225,8 +248,26 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
         precision=precision,
         threads=request.threads or 0,
         split=_split(request.split, task_cls),
+        schedule=request.schedule,
+        warmup_share=request.warmup_share,
+        select_on=request.select_on,
     )
     return config, warnings
+
+
+def _check_schedule(request: RunRequest, task_cls: Any) -> None:
+    """A `UserError` for a schedule, warm-up share or selection the trainer cannot follow."""
+    if request.schedule not in SCHEDULES:
+        raise UserError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {request.schedule!r}")
+    if not 0 <= request.warmup_share < 1:
+        raise UserError(f"--warmup-share must be in [0, 1), got {request.warmup_share}")
+    if request.warmup_share and request.schedule != "linear":
+        raise UserError(f"--warmup-share {request.warmup_share} needs --schedule linear")
+    if request.select_on not in ("loss", *task_cls.metrics):
+        raise UserError(
+            f"--select-on {request.select_on}: task '{request.domain}' selects on loss or one of its metrics "
+            f"({', '.join(task_cls.metrics)})"
+        )
 
 
 def _baselines(request: RunRequest, task_cls: Any, profile: Mapping[str, Any], method: str) -> tuple[

@@ -441,6 +441,9 @@ def _run_method(
             patience=config.patience,
             ema_decay=config.ema_decay or None,
             precision=config.precision,
+            schedule=config.schedule,
+            warmup_share=config.warmup_share,
+            select_on=config.select_on,
         ),
         outputs=run.out_dir / method.name if chosen and run.rank == 0 else None,
         adapted_model=None if chosen else functools.partial(_chosen_model, run.out_dir, config),
@@ -481,14 +484,24 @@ def _trainer(
     stage: Stage, task: Task, model: nn.Module, device: torch.device, checkpoint: Path | None = None,
     progress: bool = False, label: str = "", settings: TrainSettings | None = None, samples: list[Any] | None = None,
 ) -> Trainer:
-    """The trainer of one stage: its loss, samples, settings, gradient function and epoch hook (``settings`` and
-    ``samples`` replace the stage's for a probe)."""
+    """The trainer of one stage: its loss, samples, settings, gradient function, epoch hook and, when the settings
+    select on a metric, its score on the validation samples (``settings`` and ``samples`` replace the stage's for a
+    probe)."""
     train, val = (samples, samples[:1]) if samples is not None else (stage.train, stage.val)
+    settings = settings or stage.settings
     return Trainer(
-        model, stage.loss, task.collate, train, val, settings or stage.settings, checkpoint_path=checkpoint,
-        device=device, progress=progress, label=label or stage.name, epoch_start=stage.on_epoch,
-        gradients=stage.gradients,
+        model, stage.loss, task.collate, train, val, settings, checkpoint_path=checkpoint, device=device,
+        progress=progress, label=label or stage.name, epoch_start=stage.on_epoch, gradients=stage.gradients,
+        score=None if settings.select_on == "loss" else functools.partial(_validation_score, task, val, device,
+                                                                             settings.select_on),
     )  # fmt: skip
+
+
+def _validation_score(task: Task, samples: list[Any], device: torch.device, metric: str, model: nn.Module) -> float:
+    """The objective of selecting on ``metric``: its value on ``samples``, negated where higher is better (the
+    trainer minimises)."""
+    value = float(task.evaluate(model, samples, device).metrics[metric])
+    return value if metric in task.lower_is_better else -value
 
 
 def _set_trainable(model: nn.Module, names: Collection[str]) -> None:
@@ -544,12 +557,14 @@ def _train(
 
 
 def _best_epoch(history: list[dict[str, Any]]) -> int:
-    """The epoch (over all stages) of the lowest validation loss among the selectable epochs of the last stage
-    (`TrainSettings.select_from`; the stage's last epoch when none is), -1 without training: different stages'
-    losses are not comparable."""
+    """The epoch (over all stages) of the best validation objective (`TrainSettings.select_on`: the loss or a metric)
+    among the selectable epochs of the last stage (`TrainSettings.select_from`; the stage's last epoch when none is),
+    -1 without training: different stages' losses are not comparable."""
     last = [h for h in history if h["stage"] == history[-1]["stage"]] if history else []
     selectable = [h for h in last if h["selectable"]]
-    return min(selectable, key=lambda h: h["val_loss"])["epoch"] if selectable else last[-1]["epoch"] if last else -1
+    if not selectable:
+        return last[-1]["epoch"] if last else -1
+    return min(selectable, key=lambda h: h.get("objective", h["val_loss"]))["epoch"]
 
 
 def _chosen_model(out_dir: Path, config: RunConfig) -> nn.Module:

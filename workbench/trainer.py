@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Optimisation settings (Adam/AMSGrad, plateau schedule, early stopping on the validation loss)."""
+    """Optimisation settings (Adam/AMSGrad, a learning-rate schedule, early stopping on the validation loss or a
+    validation metric)."""
 
     epochs: int = 40
     batch_size: int = 5
@@ -45,11 +46,20 @@ class TrainSettings:
     ema_decay: float | None = 0.99
     #: Largest gradient norm; None turns clipping off.
     clip_grad_norm: float | None = 10.0
-    #: Epochs without a better validation loss before training stops.
+    #: Epochs without a better validation objective (`select_on`) before training stops.
     patience: int = 15
-    #: The learning rate is multiplied by ``lr_factor`` after ``lr_patience`` epochs without improvement.
+    #: One of `SCHEDULES`. "plateau": the learning rate is multiplied by ``lr_factor`` after ``lr_patience`` epochs
+    #: without a better validation objective. "linear": per optimizer step, a linear warm-up from 0 over the first
+    #: ``warmup_share`` of all ``epochs`` × steps-per-epoch steps, then a linear decay to 0 at the last step
+    #: (transformers' ``get_linear_schedule_with_warmup``); early stopping may end it before it reaches 0.
+    schedule: str = "plateau"
     lr_factor: float = 0.5
     lr_patience: int = 5
+    #: Share of all steps that warm up under the "linear" schedule, in [0, 1).
+    warmup_share: float = 0.0
+    #: What chooses the best epoch and stops early: "loss" (the validation loss) or the name of a validation metric,
+    #: which the trainer's ``score`` computes.
+    select_on: str = "loss"
     seed: int = 0
     #: "float32" / "float64": steps in the model's own dtype; "bf16" / "fp16": the loss (and a method's own
     #: gradient passes) under ``torch.autocast`` in that type, backward outside it; fp16 adds loss scaling
@@ -60,6 +70,9 @@ class TrainSettings:
     #: are not comparable with later ones). With no such epoch the weights of the last step stay.
     select_from: int = 0
 
+
+#: ``TrainSettings.schedule`` values.
+SCHEDULES = ("plateau", "linear")
 
 #: The ``TrainSettings.precision`` values trained under autocast, and their dtype.
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -90,6 +103,9 @@ class Trainer:
             global step ``step`` (0, 1, ... over the whole fit; the same after a resume): None keeps
             ``loss_fn(...).backward()``; a (detached) loss means it has filled every trainable ``.grad`` itself
             (`workbench.method.Method.gradients`). Under DDP such gradients are averaged over the processes.
+        score: ``score(model) -> float``, the validation objective when ``settings.select_on`` names a metric
+            (lower is better: the caller negates a metric where higher is better), computed with the current (EMA)
+            weights after each epoch.
     """
 
     def __init__(
@@ -106,6 +122,7 @@ class Trainer:
         label: str = "train",
         epoch_start: Callable[[int, int], None] | None = None,
         gradients: Callable[[nn.Module, Any, int], torch.Tensor | None] | None = None,
+        score: Callable[[nn.Module], float] | None = None,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -118,6 +135,7 @@ class Trainer:
         self.label = label
         self.epoch_start = epoch_start
         self.gradients = gradients
+        self.score = score
         self.rank, self.world_size = distributed()
         self.progress = progress and self.rank == 0
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -129,6 +147,12 @@ class Trainer:
                 f"{label}: {len(train_samples)} training samples cannot fill one batch of "
                 f"{settings.batch_size} on each of {self.world_size} processes"
             )
+        if settings.schedule not in SCHEDULES:
+            raise ValueError(f"{label}: schedule must be one of {', '.join(SCHEDULES)}, got {settings.schedule!r}")
+        if not 0 <= settings.warmup_share < 1:
+            raise ValueError(f"{label}: warmup_share must be in [0, 1), got {settings.warmup_share}")
+        if settings.select_on != "loss" and score is None:
+            raise ValueError(f"{label}: select_on={settings.select_on!r} needs a score function")
         # fused: one kernel per step for all parameters; on CPU torch's default is a Python loop over them
         # (about ten small operations per tensor), which costs a small model as much as its gradient clipping,
         # EMA and collation together.
@@ -139,14 +163,12 @@ class Trainer:
             weight_decay=settings.weight_decay,
             fused=all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in self.params) or None,
         )
-        self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            self.optimizer, factor=settings.lr_factor, patience=settings.lr_patience
-        )
+        self.scheduler = self._scheduler()
         self.ema = ExponentialMovingAverage(self.params, decay=settings.ema_decay) if settings.ema_decay else None
         self.autocast_dtype = AUTOCAST.get(settings.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if settings.precision == "fp16" else None
         self.history: list[dict[str, float]] = []
-        self.best: dict[str, Any] = {"val_loss": float("inf"), "epoch": -1, "state": None}
+        self.best: dict[str, Any] = {"objective": float("inf"), "epoch": -1, "state": None}
         self.stopped = False
         self._val_batches: list[tuple[Any, int]] | None = None
         if self.world_size > 1:
@@ -155,6 +177,25 @@ class Trainer:
             self.train_model: nn.Module = DistributedDataParallel(model)
         else:
             self.train_model = model
+
+    def _scheduler(self) -> Any:
+        """The settings' learning-rate schedule: "plateau" steps once per epoch on the validation objective,
+        "linear" once per optimizer step."""
+        settings = self.settings
+        if settings.schedule == "plateau":
+            return torch.optim.lr_scheduler.ReduceLROnPlateau(
+                self.optimizer, factor=settings.lr_factor, patience=settings.lr_patience
+            )
+        per_rank = len(self.train_samples) // self.world_size
+        total = settings.epochs * -(-per_rank // settings.batch_size)
+        warmup = int(settings.warmup_share * total)
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return step / warmup
+            return max(0.0, (total - step) / max(1, total - warmup))
+
+        return torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
 
     # -- one epoch -------------------------------------------------------------------------------
     def _epoch_batches(self, epoch: int) -> list[list[Any]]:
@@ -196,6 +237,8 @@ class Trainer:
                 self.scaler.update()
             else:
                 self.optimizer.step()
+            if self.settings.schedule == "linear":
+                self.scheduler.step()
             if self.ema is not None:
                 self.ema.update()
             total += loss.float().item() * len(samples)
@@ -256,10 +299,11 @@ class Trainer:
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
-        if state["label"] != self.label or state["settings"] != asdict(self.settings):
+        written = asdict(TrainSettings(**state["settings"]))  # settings added since it was written: their defaults
+        if state["label"] != self.label or written != asdict(self.settings):
             raise ValueError(
                 f"{self.checkpoint_path}: checkpoint of '{state['label']}' with settings "
-                f"{state['settings']} does not match '{self.label}' with {asdict(self.settings)}"
+                f"{written} does not match '{self.label}' with {asdict(self.settings)}"
             )
         with torch.no_grad():
             for name, p in zip(self.names, self.params):
@@ -271,6 +315,8 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.best, self.history, self.stopped = state["best"], state["history"], state["stopped"]
+        if "objective" not in self.best:  # written before selection on a metric existed: the loss chose
+            self.best["objective"] = self.best.pop("val_loss")
         if "random" in state and len(state["random"]) == self.world_size:
             randomness.restore(state["random"][self.rank])
         else:
@@ -303,16 +349,18 @@ class Trainer:
             seconds = time.perf_counter() - start
             with self._averaged():
                 val_loss = self.validation_loss()
+                objective = val_loss if self.settings.select_on == "loss" else float(self.score(self.model))
                 selectable = epoch >= self.settings.select_from
-                if selectable and val_loss < self.best["val_loss"]:
-                    self.best = {"val_loss": val_loss, "epoch": epoch, "state": self._trainable_values()}
-            if selectable:
-                self.scheduler.step(val_loss)
+                if selectable and objective < self.best["objective"]:
+                    self.best = {"objective": objective, "epoch": epoch, "state": self._trainable_values()}
+            if selectable and self.settings.schedule == "plateau":
+                self.scheduler.step(objective)
             self.history.append(
                 {
                     "epoch": epoch,
                     "train_loss": train_loss,
                     "val_loss": val_loss,
+                    "objective": objective,
                     "lr": self.optimizer.param_groups[0]["lr"],
                     "seconds": seconds,
                     "steps": steps,
