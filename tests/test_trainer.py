@@ -287,3 +287,33 @@ def test_selection_on_a_metric_chooses_its_best_epoch_and_stops_on_it():
     assert _best_epoch([dict(h, stage="train") for h in history]) == 1
     with pytest.raises(ValueError, match="needs a score"):
         Trainer(fresh_model(), mse, collate, regression(16, 1), regression(8, 2), settings, progress=False)
+
+
+class ScoredRegressionTask(RegressionTask):
+    """A task whose metric (R², higher is better) needs at least two samples, as AUROC or R² do."""
+
+    lower_is_better = frozenset()
+
+    def evaluate(self, model, samples, device):
+        from workbench.task import Evaluation
+
+        if len(samples) < 2:
+            raise ValueError("R² needs at least two samples")
+        x, y = collate(samples, device)
+        with torch.no_grad():
+            residual = ((model(x).squeeze(-1) - y) ** 2).sum()
+        return Evaluation({"r2": float(1 - residual / ((y - y.mean()) ** 2).sum())}, {})
+
+
+def test_a_stage_selecting_on_a_metric_keeps_its_best_epoch_and_its_memory_probe_selects_nothing(tmp_path):
+    from workbench.run import _training_step_bytes
+
+    data = TaskData(train=regression(32, 1), val=regression(8, 2), test=[], source="test")
+    task, model = ScoredRegressionTask(), fresh_model()
+    settings = replace(SETTINGS, epochs=4, select_on="r2")
+    stages = [Stage("train", data.train, data.val, settings, task.loss)]
+    history = _train(stages, task, model, tmp_path / "m.pt", "cpu", False, "m", False)
+    best = history[_best_epoch(history)]
+    assert best["objective"] == min(h["objective"] for h in history)
+    assert best["objective"] == pytest.approx(-task.evaluate(model, data.val, "cpu").metrics["r2"], abs=1e-12)
+    assert _training_step_bytes(stages[-1], task, model, data, torch.device("cpu")) > 0  # scores no single sample

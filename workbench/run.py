@@ -519,7 +519,7 @@ def _training_step_bytes(stage: Stage, task: Task, model: nn.Module, data: TaskD
         _set_trainable(probe, stage.trainable)
     n_samples = stage.settings.batch_size * distributed()[1] * (steps + 1)
     samples = [data.train[i % len(data.train)] for i in range(n_samples)]
-    settings = dataclasses.replace(stage.settings, epochs=1)
+    settings = dataclasses.replace(stage.settings, epochs=1, select_on="loss")  # a probe: nothing to select
     trainer = functools.partial(_trainer, stage, task, probe, device, label=f"{stage.name} memory", settings=settings,
                                 samples=samples)  # fmt: skip
     return max(training_step_bytes(lambda: trainer().fit(), device))
