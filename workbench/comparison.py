@@ -339,7 +339,7 @@ def compare(
     for cell in cells[: len(spec.methods)]:  # each method's settings, checked before anything is written
         for rate in spec.lr_grid or (spec.learning_rate,):
             resolve_config(cell_request(spec, cell, out, rate, None))
-    with claim_run_dir(out, resume=True if resume else False):
+    with claim_run_dir(out, resume=resume):
         if not resume:
             write_json(out / "spec.json", spec.to_dict())
         records = _run_cells(spec, cells, out, (workers, threads), executor, scheduler, quiet)

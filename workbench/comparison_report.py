@@ -148,7 +148,8 @@ def _costs(cells: list[dict]) -> dict[str, Any]:
 def _budget_note(spec: Any, records: list[dict]) -> str:
     """Whether every method took the same optimizer steps in each cell (``steps`` budget), else which did not."""
     if spec.budget != "steps":
-        return f"each method trained until {spec.patience or 'the task'}'s early-stopping patience ran out"
+        patience = f"{spec.patience} epochs" if spec.patience else "the task's early-stopping patience"
+        return f"each method trained until its validation objective had not improved for {patience}"
     steps: dict[tuple[int, int], dict[str, int]] = {}
     for r in records:
         steps.setdefault((r["fold"], r["seed"]), {})[r["method"]] = r["steps"]
