@@ -1,6 +1,7 @@
 """LoRA for every non-equivariant model: config, layer and model sides, as HF PEFT's ``tuners/lora``.
 
-Paper: Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022. Each target ``nn.Linear``,
+Paper: Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022 (with PEFT's options rsLoRA,
+PiSSA and DoRA: `workbench.adaptation.lora.config`). Each target ``nn.Linear``,
 ``nn.Conv1d`` or ``nn.Conv2d`` becomes a `LoraLayer` computing ``W x + b + (alpha / r) · B A dropout(x)``, with
 PEFT's parameter names and file layout, so adapters move between the workbench and PEFT. One layer holds several
 named adapters (PEFT's ``lora_A[name]``), each of a kind: plain LoRA, H-LoRA's token-routed fused experts, or
@@ -23,7 +24,16 @@ Example::
     >>> plain = lora.merge(model)                            # doctest: +SKIP
 """
 
-from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, KINDS, AdapterConfig, LoraConfig, conv_rule_rank
+from workbench.adaptation.lora.config import (
+    COMPUTES,
+    CONV_RANKS,
+    INITS,
+    KINDS,
+    SCALINGS,
+    AdapterConfig,
+    LoraConfig,
+    conv_rule_rank,
+)
 from workbench.adaptation.lora.io import LoadReport
 from workbench.adaptation.lora.layer import DEFAULT, SUPPORTED, LoraLayer
 from workbench.adaptation.lora.method import LoRA
@@ -59,7 +69,9 @@ __all__ = [
     "COMPUTES",
     "CONV_RANKS",
     "DEFAULT",
+    "INITS",
     "KINDS",
+    "SCALINGS",
     "SUPPORTED",
     "AdapterConfig",
     "LoRA",

@@ -5,7 +5,7 @@ writes it into the adapter file, and `load_adapter` rebuilds the same adapters o
 PEFT's ``LoraConfig`` does). An `AdapterConfig` is what one adapter of one layer is: its kind, rank, scale, experts,
 dropout and way of computing (what PEFT's ``LoraLayer.update_layer`` receives).
 
-Adapter kinds (`KINDS`), all starting at ``B = 0`` (see `workbench.adaptation.lora.layer`):
+Adapter kinds (`KINDS`), all starting as the identity (see `workbench.adaptation.lora.layer`):
 
 * ``"lora"`` — plain LoRA, ``(alpha / r) · B A x``;
 * ``"hlora"`` — H-LoRA: ``k`` token-routed experts fused in one ``A``/``B`` pair, ``scale = alpha / r · k``;
@@ -18,11 +18,24 @@ Rank of a target module (first rule that applies):
 3. ``rank``.
 
 The scale of every target is ``alpha / its rank`` (as PEFT does with its ``rank_pattern``), times the number of
-experts for the routed kinds.
+experts for the routed kinds; with ``scaling="rslora"`` it is ``alpha / sqrt(its rank)``.
+
+Options of plain LoRA adapters (each as HF PEFT's, which the tests check against; routed kinds take the defaults):
+
+* ``scaling`` (`SCALINGS`): ``"standard"`` ``alpha / r`` (Hu et al.) or ``"rslora"`` ``alpha / sqrt(r)`` (Kalajdzievski,
+  "A Rank Stabilization Scaling Factor for Fine-Tuning with LoRA", 2023; PEFT's ``use_rslora``);
+* ``init`` (`INITS`): ``"kaiming"`` (PEFT's default ``init_lora_weights=True``: ``A`` Kaiming-uniform, ``B = 0``; PEFT's
+  ``"gaussian"`` is another init, ``A ~ N(0, 1/r²)``) or ``"pissa"`` (Meng et al., "PiSSA: Principal Singular Values
+  and Singular Vectors Adaptation of Large Language Models", NeurIPS 2024; PEFT's ``init_lora_weights="pissa"``: the
+  factors hold the top-r singular triplets of the base weight, which keeps their residual, see
+  `workbench.adaptation.lora.layer`);
+* ``dora`` (Liu et al., "DoRA: Weight-Decomposed Low-Rank Adaptation", ICML 2024; PEFT's ``use_dora``): a trained
+  magnitude per output unit times the direction ``(W + scale · B A) / ||W + scale · B A||`` (norm per output row).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -36,6 +49,10 @@ from workbench.errors import UserError
 COMPUTES = ("input", "weight")
 #: Adapter kinds: plain LoRA, H-LoRA's fused routed experts, MoELoRA's looped experts.
 KINDS = ("lora", "hlora", "moelora")
+#: ``init`` choices: PEFT's default (Kaiming-uniform ``A``, ``B = 0``) and PiSSA (top-r singular triplets of ``W``).
+INITS = ("kaiming", "pissa")
+#: ``scaling`` choices: ``alpha / r`` and rsLoRA's ``alpha / sqrt(r)``.
+SCALINGS = ("standard", "rslora")
 #: ``conv_rank`` choices: ``"peft"`` (convolutions take ``rank`` like every target), ``"rule"`` (`conv_rule_rank`).
 CONV_RANKS = ("peft", "rule")
 
@@ -86,6 +103,9 @@ class AdapterConfig:
         dropout: dropout probability on the adapter's input (default 0).
         compute: ``"input"`` (default, PEFT's) or ``"weight"`` (``ΔW`` folded into the weight on each forward; plain
             LoRA only).
+        init: ``"kaiming"`` (default) or ``"pissa"`` (`INITS`; see the module doc); plain LoRA only.
+        scaling: ``"standard"`` (default, ``alpha / r``) or ``"rslora"`` (``alpha / sqrt(r)``); plain LoRA only.
+        dora: DoRA's magnitude and direction (default False); plain LoRA only.
     """
 
     rank: int
@@ -94,6 +114,9 @@ class AdapterConfig:
     kind: str | None = None
     dropout: float = 0.0
     compute: str = "input"
+    init: str = "kaiming"
+    scaling: str = "standard"
+    dora: bool = False
 
     def __post_init__(self) -> None:
         if self.kind is None:
@@ -110,6 +133,19 @@ class AdapterConfig:
             raise UserError(f"LoRA dropout must lie in [0, 1), got {self.dropout}")
         if self.compute not in COMPUTES:
             raise UserError(f"LoRA compute must be one of {COMPUTES}, got {self.compute!r}")
+        if self.init not in INITS:
+            raise UserError(f"LoRA init must be one of {INITS}, got {self.init!r}")
+        if self.scaling not in SCALINGS:
+            raise UserError(f"LoRA scaling must be one of {SCALINGS}, got {self.scaling!r}")
+        if not isinstance(self.dora, bool):
+            raise UserError(f"LoRA dora must be true or false, got {self.dora!r}")
+        if self.kind != "lora":
+            for name, default in (("init", "kaiming"), ("scaling", "standard"), ("dora", False)):
+                if getattr(self, name) != default:
+                    raise UserError(
+                        f"LoRA {name}={getattr(self, name)!r} is an option of plain LoRA adapters, not of {self.kind} "
+                        f"adapters; leave {name} at {default!r}"
+                    )
         if self.kind == "lora":
             if self.experts is not None:
                 raise UserError(f"a plain LoRA adapter has no experts (got experts={self.experts}); use experts=None")
@@ -131,7 +167,10 @@ class AdapterConfig:
 
     @property
     def scale(self) -> float:
-        """``alpha / r`` (plain LoRA) or ``alpha / r · k`` (the experts' kinds, as HealthGPT's code)."""
+        """``alpha / r`` (plain LoRA), ``alpha / sqrt(r)`` (``scaling="rslora"``) or ``alpha / r · k`` (the experts'
+        kinds, as HealthGPT's code)."""
+        if self.scaling == "rslora":
+            return self.alpha / math.sqrt(self.rank)
         return self.alpha / self.rank * (self.experts or 1)
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,6 +205,9 @@ class LoraConfig:
         kind: the adapters' kind (`KINDS`); None (default): ``"hlora"`` with experts, ``"lora"`` without.
         compute: ``"input"`` (default, PEFT's) or ``"weight"`` (``ΔW`` folded into the weight on each forward; the
             same function, other memory and time, see `workbench.adaptation.lora.layer`).
+        init: ``"kaiming"`` (default, PEFT's) or ``"pissa"`` (`INITS`; see the module doc).
+        scaling: ``"standard"`` (default, ``alpha / r``) or ``"rslora"`` (``alpha / sqrt(r)``).
+        dora: DoRA (default False).
     """
 
     targets: tuple[str, ...] | None = None
@@ -178,6 +220,9 @@ class LoraConfig:
     experts: int | None = None
     compute: str = "input"
     kind: str | None = None
+    init: str = "kaiming"
+    scaling: str = "standard"
+    dora: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.targets, str):
@@ -193,11 +238,13 @@ class LoraConfig:
                 raise UserError(f"LoRA {name} must be a positive integer, got {rank!r}")
         if self.conv_rank not in CONV_RANKS:
             raise UserError(f"LoRA conv_rank must be one of {CONV_RANKS}, got {self.conv_rank!r}")
-        object.__setattr__(self, "kind", self.adapter(self.rank).kind)  # checks alpha, dropout, experts, kind, compute
+        object.__setattr__(self, "kind", self.adapter(self.rank).kind)  # checks the adapter's fields
 
     def adapter(self, rank: int) -> AdapterConfig:
         """The `AdapterConfig` of a target of rank ``rank`` (`rank_of`)."""
-        return AdapterConfig(rank, self.alpha, self.experts, self.kind, self.dropout, self.compute)
+        return AdapterConfig(
+            rank, self.alpha, self.experts, self.kind, self.dropout, self.compute, self.init, self.scaling, self.dora
+        )
 
     def rank_of(self, name: str, module: nn.Module) -> int:
         """The rank of target ``name`` (``rank_pattern``, then the conv rule, then ``rank``; see the module doc)."""

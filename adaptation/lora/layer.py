@@ -28,9 +28,35 @@ and the layer computes ``W x + b + Σ_{active, unmerged adapters} update(x)``.
   ``A``; with dropout 0 the two agree). Routed kinds adapt ``nn.Linear`` layers only and cannot be merged.
 * MoELoRA: ``lora_A[name]`` / ``lora_B[name]`` are ``nn.ModuleList`` s of ``k`` experts (``in → r/k → out``).
 
-Initialisation as PEFT's (and loralib's): ``A`` Kaiming-uniform with ``a = sqrt(5)`` (the default of a linear
-layer's weight, fan-in ``in·K``), then ``B = 0``, then the router Kaiming-uniform: every adapter starts as the
-identity. Dropout acts on the adapter's input only; the base path never sees it.
+Initialisation (``init``) as PEFT's; every adapter starts as the identity:
+
+* ``"kaiming"`` (and loralib's): ``A`` Kaiming-uniform with ``a = sqrt(5)`` (the default of a linear layer's weight,
+  fan-in ``in·K``), then ``B = 0``, then the router Kaiming-uniform;
+* ``"pissa"`` (PiSSA, Meng et al., NeurIPS 2024; PEFT's ``init_lora_weights="pissa"``): with ``U S Vᵀ`` the SVD of the
+  base weight flattened to ``(out, in·K)`` (in float64 for float64 weights, else float32), ``A = sqrt(S_r / scale)
+  V_rᵀ`` and ``B = U_r sqrt(S_r / scale)``, so ``scale · B A`` is the best rank-r approximation of ``W``, and **the base
+  weight is replaced by the residual** ``W_res = W − scale · B A`` (PEFT's convention: the layer still computes ``W``
+  at start, the adapter trains the principal part). The residual is a function of ``W`` alone (it does not depend
+  on the singular vectors' signs), so an adapter file needs no copy of it: loading the file onto the original base
+  model runs the same SVD and reproduces ``W_res`` (as ``peft.PeftModel.from_pretrained`` does with PEFT's config).
+  Merging gives ``W_res + scale · B A = W + ΔW`` with ``ΔW = scale · (B A − B₀ A₀)``; `delete_adapter` puts ``W =
+  W_res + scale · B₀ A₀`` back (up to rounding) from the initial factors kept as non-persistent buffers
+  (``pissa_factors[name]``). Convolutions take the same SVD of the flattened kernel (PEFT's PiSSA adapts linear
+  layers only; its adapter config is then not written).
+
+Dropout acts on the adapter's input only; the base path never sees it.
+
+Scaling (``scaling``): ``scale = alpha / r`` or rsLoRA's ``alpha / sqrt(r)`` (PEFT's ``use_rslora``).
+
+DoRA (``dora``; Liu et al., ICML 2024; PEFT's ``use_dora``): a trained magnitude ``m`` (one value per output unit,
+initialised to the row norms of ``W + scale · B A``) rescales the adapted weight row by row,
+``W' = (m / ||W + scale · B A||) ⊙ (W + scale · B A)``, the norm (over each output unit's inputs and kernel) detached
+from the gradient as the paper's section 4.3 and PEFT do. The input way computes PEFT's
+``(f − 1) ⊙ W dropout(x) + f ⊙ scale · B A dropout(x)`` on top of ``W x + b`` (``f = m / norm``): with dropout
+inactive that is ``W' x + b``. The magnitude is ``lora_magnitude_vector[name].weight``, shaped ``(out,)`` for linear
+layers and ``(1, out, 1, ...)`` for convolutions (PEFT's names and shapes). Its ``ΔW = W' − W`` depends on the weight
+it is added to: `merge` computes every merged adapter's ``ΔW`` from the weight before that merge and keeps it, so
+`unmerge` subtracts exactly what was added.
 
 Two ways to compute a plain adapter (``compute``):
 
@@ -67,7 +93,7 @@ SUPPORTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
 #: The adapter name `LoraLayer` and `workbench.adaptation.lora.apply` use when none is given (PEFT's).
 DEFAULT = "default"
 #: The per-adapter containers of a layer, in registration (and file) order.
-CONTAINERS = ("lora_A", "lora_B", "lora_route")
+CONTAINERS = ("lora_A", "lora_B", "lora_route", "lora_magnitude_vector")
 
 
 class AdapterDict(nn.ModuleDict):
@@ -86,6 +112,23 @@ class AdapterDict(nn.ModuleDict):
             return getattr(next(iter(self.values())), name)
 
 
+class Magnitude(nn.Module):
+    """DoRA's trained magnitude ``weight``: one value per output unit, shaped ``shape`` (PEFT's module of that name)."""
+
+    def __init__(self, shape: tuple[int, ...], like: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(shape, dtype=like.dtype, device=like.device))
+
+
+class InitialFactors(nn.Module):
+    """PiSSA's initial factors ``A`` and ``B`` (non-persistent buffers: never saved), to put the base weight back."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor):
+        super().__init__()
+        self.register_buffer("A", torch.zeros_like(a), persistent=False)
+        self.register_buffer("B", torch.zeros_like(b), persistent=False)
+
+
 class LoraLayer(nn.Module):
     """``base_layer(x) + Σ_{active adapters} update(x)`` around a frozen linear or conv layer (PEFT's ``LoraLayer``).
 
@@ -97,7 +140,7 @@ class LoraLayer(nn.Module):
     Attributes:
         adapters: ``{name: AdapterConfig}`` in the order added.
         active_adapters: the names whose updates the forward adds (PEFT's ``active_adapters``).
-        merged_adapters: the names folded into the base weight, in merge order.
+        merged_adapters: the names folded into the base weight, in merge order (their ``ΔW`` kept for `unmerge`).
 
     The single-adapter views ``rank``, ``scale``, ``merged``, ``compute`` and ``delta_weight()`` read the one active
     adapter (a `UserError` when several are active).
@@ -121,9 +164,10 @@ class LoraLayer(nn.Module):
         self.base_layer = base_layer
         self.lora_dropout = AdapterDict()
         self.lora_A, self.lora_B, self.lora_route = AdapterDict(), AdapterDict(), AdapterDict()
+        self.lora_magnitude_vector, self.pissa_factors = AdapterDict(), AdapterDict()
         self.adapters: dict[str, AdapterConfig] = {}
         self.active_adapters: tuple[str, ...] = ()
-        self.merged_adapters: list[str] = []
+        self._merged_deltas: dict[str, torch.Tensor] = {}
         if config is not None:
             self.add_adapter(name, config)
             self.set_adapter(name)
@@ -131,9 +175,10 @@ class LoraLayer(nn.Module):
     # ---- adapters -----------------------------------------------------------------------------------------
 
     def add_adapter(self, name: str, config: AdapterConfig) -> None:
-        """Add adapter ``name`` (initialised so that it starts as the identity); the active adapters stay as they
-        are (PEFT's ``update_layer``). A taken or malformed name, a routed kind on a convolution and
-        ``compute="weight"`` on a non-stock base layer are refused."""
+        """Add adapter ``name`` (initialised so that it starts as the identity; PiSSA replaces the base weight by its
+        residual); the active adapters stay as they are (PEFT's ``update_layer``). A taken or malformed name, a
+        routed kind on a convolution, ``compute="weight"`` on a non-stock base layer and PiSSA of a rank above the
+        weight's or on a parametrized weight are refused."""
         if not isinstance(name, str) or not name or "." in name:
             raise UserError(f"LoRA adapter names are non-empty strings without '.', got {name!r}")
         if name in self.adapters:
@@ -149,6 +194,18 @@ class LoraLayer(nn.Module):
                 f"compute='weight' runs the stock layer's operation with W + ΔW, which a {type(base).__name__} cannot; "
                 "use compute='input'"
             )
+        if config.init == "pissa":
+            largest = min(base.weight.shape[0], base.weight[0].numel())
+            if config.rank > largest:
+                raise UserError(
+                    f"PiSSA takes the top-r singular triplets of the {tuple(base.weight.shape)} base weight, which "
+                    f"has {largest}: LoRA rank {config.rank} is too large for init='pissa'"
+                )
+            if parametrize.is_parametrized(base, "weight"):
+                raise UserError(
+                    "init='pissa' replaces the base weight by its residual, which a parametrized weight cannot take; "
+                    "use init='kaiming' for this target"
+                )
         self.lora_dropout[name] = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         if config.kind == "moelora":
             per_expert = config.rank // config.experts
@@ -161,12 +218,32 @@ class LoraLayer(nn.Module):
             self.lora_route[name] = skip_init(
                 nn.Linear, base.in_features, config.experts, bias=False, dtype=weight.dtype, device=weight.device
             )
+        if config.dora:
+            out = base.weight.shape[0]
+            shape = (out,) if isinstance(base, nn.Linear) else (1, out) + (1,) * (base.weight.dim() - 2)
+            self.lora_magnitude_vector[name] = Magnitude(shape, base.weight)
+        if config.init == "pissa":
+            self.pissa_factors[name] = InitialFactors(self.lora_A[name].weight, self.lora_B[name].weight)
         self.adapters[name] = config
         self.reset_adapter(name)
 
     def reset_adapter(self, name: str) -> None:
-        """``A`` Kaiming-uniform (``a = sqrt(5)``), ``B = 0``, router Kaiming-uniform: adapter ``name`` is the
-        identity again (the draws in that order, expert by expert)."""
+        """Adapter ``name`` is the identity again, as its ``init`` says (module doc): ``"kaiming"``: ``A``
+        Kaiming-uniform (``a = sqrt(5)``), ``B = 0``, router Kaiming-uniform (the draws in that order, expert by
+        expert); ``"pissa"``: the base weight put back, then its SVD. Then DoRA's magnitude: the row norms of
+        ``W + scale · B A``."""
+        config = self.adapters[name]
+        if config.init == "pissa":
+            self._restore_base(name)
+            self._pissa(name)
+        else:
+            self._kaiming(name)
+        if config.dora:
+            with torch.no_grad():
+                magnitude = self.lora_magnitude_vector[name].weight
+                magnitude.copy_(self._row_norm(self._lora_weight(name)).reshape(magnitude.shape))
+
+    def _kaiming(self, name: str) -> None:
         for module in self.lora_A[name].modules():
             if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d)):
                 nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))
@@ -175,6 +252,29 @@ class LoraLayer(nn.Module):
                 nn.init.zeros_(module.weight)
         if name in self.lora_route:
             nn.init.kaiming_uniform_(self.lora_route[name].weight, a=math.sqrt(5))
+
+    def _pissa(self, name: str) -> None:
+        """PiSSA (module doc): ``A``, ``B`` from the top-r SVD of ``W``, kept in ``pissa_factors``, and
+        ``W ← W − scale · B A`` (the products in PEFT's order, so float32 weights give PEFT's factors)."""
+        config, weight = self.adapters[name], self.base_layer.weight
+        lora_a, lora_b = self.lora_A[name].weight, self.lora_B[name].weight
+        flat = weight.detach().flatten(1).to(torch.promote_types(weight.dtype, torch.float32))
+        u, singular, vh = torch.linalg.svd(flat, full_matrices=False)
+        root = (singular[: config.rank] / config.scale).sqrt()
+        a, b = root[:, None] * vh[: config.rank], u[:, : config.rank] * root
+        with torch.no_grad():
+            lora_a.copy_(a.reshape(lora_a.shape))
+            lora_b.copy_(b.reshape(lora_b.shape))
+            self.pissa_factors[name].A.copy_(lora_a)
+            self.pissa_factors[name].B.copy_(lora_b)
+            weight.copy_((flat - config.scale * b @ a).reshape(weight.shape))
+
+    def _restore_base(self, name: str) -> None:
+        """``W ← W + scale · B₀ A₀``: the base weight PiSSA adapter ``name`` found (zero before its first init)."""
+        initial = self.pissa_factors[name]
+        with torch.no_grad():
+            weight = self.base_layer.weight
+            weight.add_(self._product(name, initial.A, initial.B).to(weight.dtype))
 
     def set_adapter(self, names: str | Sequence[str]) -> None:
         """Make ``names`` (one name or several; ``()`` for none: the base layer alone) the active adapters. Unlike
@@ -191,7 +291,9 @@ class LoraLayer(nn.Module):
             raise UserError(f"no LoRA adapter named '{name}'; this layer has {list(self.adapters) or 'none'}")
         if name in self.merged_adapters:
             raise UserError(f"LoRA adapter '{name}' is merged into the base weight; unmerge it first")
-        for container in (self.lora_dropout, *(getattr(self, part) for part in CONTAINERS)):
+        if self.adapters[name].init == "pissa":
+            self._restore_base(name)
+        for container in (self.lora_dropout, self.pissa_factors, *(getattr(self, part) for part in CONTAINERS)):
             if name in container:
                 del container[name]
         del self.adapters[name]
@@ -199,22 +301,28 @@ class LoraLayer(nn.Module):
 
     def adapter_parameters(self, name: str | None = None) -> dict[str, nn.Parameter]:
         """Adapter ``name``'s parameters (None: every adapter's) by their file names inside the layer, the adapter
-        name left out as in PEFT's files (``lora_A.weight``, ``lora_route.weight``, ``lora_A.0.weight``), in the
-        order ``lora_A``, ``lora_B``, ``lora_route``. With None, names of several adapters keep theirs."""
+        name left out as in PEFT's files (``lora_A.weight``, ``lora_route.weight``, ``lora_A.0.weight``,
+        ``lora_magnitude_vector``), in the order of `CONTAINERS`. With None, names of several adapters keep theirs
+        (``lora_magnitude_vector.<adapter>.weight``)."""
         out = {}
         for part in CONTAINERS:
             for adapter, module in getattr(self, part).items():
                 if name is None or adapter == name:
                     keep = "" if name is not None else f".{adapter}"
                     out.update({f"{part}{keep}.{key}": p for key, p in module.named_parameters()})
+        if name is not None and name in self.lora_magnitude_vector:  # PEFT's file name of DoRA's magnitude
+            out["lora_magnitude_vector"] = out.pop("lora_magnitude_vector.weight")
         return out
 
     # ---- forward ------------------------------------------------------------------------------------------
 
-    def update(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """Adapter ``name``'s contribution to the output (the module docstring's formula of its kind)."""
+    def update(self, name: str, x: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+        """Adapter ``name``'s contribution to the output (the module docstring's formula of its kind); ``base``: the
+        base layer's output ``W x + b``, if at hand (DoRA reuses it)."""
         config = self.adapters[name]
         a, b, dropout = self.lora_A[name], self.lora_B[name], self.lora_dropout[name]
+        if config.dora:
+            return self._dora_update(name, x, base)
         if config.kind == "lora":
             return b(a(dropout(x))) * config.scale
         gates = torch.softmax(self.lora_route[name](x), dim=-1)
@@ -225,6 +333,24 @@ class LoraLayer(nn.Module):
         for expert, (a_e, b_e) in enumerate(zip(a, b)):  # MoELoRA: one matmul pair per expert
             total = total + gates[..., expert : expert + 1] * b_e(a_e(dropped))
         return total * config.scale
+
+    def _dora_update(self, name: str, x: torch.Tensor, base: torch.Tensor | None) -> torch.Tensor:
+        """PEFT's DoRA term ``(f − 1) ⊙ W dropout(x) + f ⊙ scale · B A dropout(x)``, ``f = m / ||W + scale·B A||``
+        detached; ``W x`` is taken from ``base`` (minus the bias) while the dropout is inactive."""
+        config, layer = self.adapters[name], self.base_layer
+        dropped = self.lora_dropout[name](x)
+        factor = self._dora_factor(name, self._lora_weight(name))
+        channel = (1, -1) + (1,) * (x.dim() - 2) if isinstance(layer, (nn.Conv1d, nn.Conv2d)) else (-1,)
+        if base is None or self._dropout_acts(name):
+            if isinstance(layer, nn.Linear):
+                base = F.linear(dropped, layer.weight)
+            else:
+                base = layer._conv_forward(dropped, layer.weight, None)
+        elif layer.bias is not None:
+            base = base - layer.bias.view(channel)
+        factor = factor.view(channel)
+        lora = self.lora_B[name](self.lora_A[name](dropped))
+        return (factor - 1) * base + factor * lora * config.scale
 
     def _acting(self) -> list[str]:
         """The active adapters not merged into the base weight: those the forward adds."""
@@ -246,9 +372,10 @@ class LoraLayer(nn.Module):
                 out = self.base_layer._conv_forward(x, weight, self.base_layer.bias)
         else:
             out = self.base_layer(x)
+        base = None if by_weight else out
         for name in acting:
             if name not in by_weight:
-                out = out + self.update(name, x)
+                out = out + self.update(name, x, base)
         return out
 
     @property
@@ -295,6 +422,11 @@ class LoraLayer(nn.Module):
         return self.adapters[self._only()].compute
 
     @property
+    def merged_adapters(self) -> list[str]:
+        """The adapters folded into the base weight, in merge order."""
+        return list(self._merged_deltas)
+
+    @property
     def merged(self) -> bool:
         """Whether any adapter is folded into the base weight (PEFT's ``merged``)."""
         return bool(self.merged_adapters)
@@ -302,12 +434,32 @@ class LoraLayer(nn.Module):
     # ---- merging ------------------------------------------------------------------------------------------
 
     def delta_weight(self, name: str | None = None) -> torch.Tensor:
-        """``ΔW = (alpha / r) · B A`` of plain adapter ``name`` (None: the one active adapter) in the base weight's
-        shape (what `merge` adds)."""
+        """``ΔW`` of plain adapter ``name`` (None: the one active adapter) in the base weight's shape (what `merge`
+        adds): ``scale · B A``, or with DoRA ``f ⊙ (W + scale · B A) − W`` (``f`` per output row, of the current base
+        weight)."""
         name = self._only() if name is None else name
-        config = self.adapters[name]
-        b, a = self.lora_B[name].weight.flatten(1), self.lora_A[name].weight.flatten(1)
-        return (b @ a).reshape(self.base_layer.weight.shape) * config.scale
+        lora = self._lora_weight(name)
+        if not self.adapters[name].dora:
+            return lora
+        weight = self.base_layer.weight
+        factor = self._dora_factor(name, lora).view((-1,) + (1,) * (weight.dim() - 1))
+        return factor * (weight + lora) - weight
+
+    def _product(self, name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``scale · B A`` of factors ``a`` (``lora_A``'s shape) and ``b`` of adapter ``name``, shaped as ``W``."""
+        return (b.flatten(1) @ a.flatten(1)).reshape(self.base_layer.weight.shape) * self.adapters[name].scale
+
+    def _lora_weight(self, name: str) -> torch.Tensor:
+        """``scale · B A`` of plain adapter ``name``."""
+        return self._product(name, self.lora_A[name].weight, self.lora_B[name].weight)
+
+    def _row_norm(self, lora_weight: torch.Tensor) -> torch.Tensor:
+        """``||W + ΔW||`` of each output unit (over inputs and kernel), detached: shape ``(out,)``."""
+        return (self.base_layer.weight + lora_weight.detach()).flatten(1).norm(dim=1).detach()
+
+    def _dora_factor(self, name: str, lora_weight: torch.Tensor) -> torch.Tensor:
+        """DoRA's ``f = m / ||W + scale · B A||`` per output unit, shape ``(out,)``."""
+        return self.lora_magnitude_vector[name].weight.flatten() / self._row_norm(lora_weight)
 
     def merge_error(self, names: Sequence[str] | None = None) -> str | None:
         """Why `merge` cannot fold ``names`` (None: the active adapters not merged yet) — None when it can."""
@@ -331,28 +483,36 @@ class LoraLayer(nn.Module):
 
     def merge(self, adapter: str | Sequence[str] | None = None) -> None:
         """``W ← W + ΔW`` of adapter(s) ``adapter`` (None: the active ones), each once (PEFT's ``merge``); merged
-        adapters no longer add their update in the forward."""
+        adapters no longer add their update in the forward. Every ``ΔW`` is computed from the weight before this
+        merge (as the forward computes them) and kept for `unmerge` (a weight-sized tensor per merged adapter, until
+        `unmerge`; `workbench.adaptation.lora.merge` with ``unload=True`` drops the layer and it)."""
         names = self.active_adapters if adapter is None else (adapter,) if isinstance(adapter, str) else adapter
         why = self.merge_error(names)
         if why:
             raise UserError(f"cannot merge this LoRA layer: {why}")
         with torch.no_grad():
             weight = self.base_layer.weight
-            for name in names:
-                if name not in self.merged_adapters:
-                    weight.add_(self.delta_weight(name).to(weight.dtype))
-                    self.merged_adapters.append(name)
+            new = [n for n in dict.fromkeys(names) if n not in self._merged_deltas]
+            deltas = {n: self.delta_weight(n).to(weight.dtype) for n in new}
+            for name, delta in deltas.items():
+                weight.add_(delta)
+                self._merged_deltas[name] = delta
 
     def unmerge(self) -> None:
-        """``W ← W − ΔW`` of every merged adapter, last merged first (PEFT's ``unmerge``; the base weight again up to
-        rounding)."""
+        """``W ← W − ΔW`` of every merged adapter, last merged first, with the ``ΔW`` `merge` added (PEFT's
+        ``unmerge``; the base weight again up to rounding)."""
         with torch.no_grad():
             weight = self.base_layer.weight
-            while self.merged_adapters:
-                weight.sub_(self.delta_weight(self.merged_adapters.pop()).to(weight.dtype))
+            while self._merged_deltas:
+                weight.sub_(self._merged_deltas.pop(next(reversed(self._merged_deltas))).to(weight))
 
     def extra_repr(self) -> str:
-        adapters = ", ".join(f"{n}: {c.kind} r={c.rank} scale={c.scale:g}" for n, c in self.adapters.items())
+        adapters = ", ".join(
+            f"{n}: {c.kind} r={c.rank} scale={c.scale:g}"
+            + (f" init={c.init}" if c.init != "kaiming" else "")
+            + (" dora" if c.dora else "")
+            for n, c in self.adapters.items()
+        )
         return f"adapters={{{adapters}}}, active={list(self.active_adapters)}, merged={self.merged_adapters}"
 
 

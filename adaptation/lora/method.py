@@ -7,7 +7,7 @@ from typing import Mapping
 
 import torch
 from torch import nn
-from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS
+from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, INITS, SCALINGS
 from workbench.adaptation.lora.model import adapter_state, apply, load_state, merge, target_names
 
 from workbench.method import Method
@@ -34,6 +34,9 @@ class LoRA(Method):
     records, one CPU thread): 37.8 MiB and 1.0× full fine-tuning's step time (weight) vs 41.5 MiB and 1.6× (input).
     The function is the same either way; with ``--dropout`` > 0 training runs the input way (dropout acts on the
     adapter's input).
+
+    ``--init pissa``, ``--scaling rslora`` and ``--dora`` are PEFT's PiSSA, rsLoRA and DoRA (see
+    `workbench.adaptation.lora.config`).
     """
 
     name = "lora"
@@ -68,6 +71,22 @@ class LoRA(Method):
             "W x + B A x, as PEFT (less for large linear layers); the same function",
             choices=COMPUTES,
         ),
+        Option(
+            "init",
+            str,
+            "kaiming",
+            "adapter init: 'kaiming' (A Kaiming-uniform, B = 0, PEFT's default) or 'pissa' (top-r singular triplets of "
+            "each weight, which keeps the residual)",
+            choices=INITS,
+        ),
+        Option(
+            "scaling",
+            str,
+            "standard",
+            "update scale: 'standard' (alpha / rank) or 'rslora' (alpha / sqrt(rank))",
+            choices=SCALINGS,
+        ),
+        Option("dora", bool, False, "DoRA: a trained magnitude per output unit times the normalised adapted weight"),
     )
 
     def check(self, task, data, model: nn.Module) -> None:
@@ -93,6 +112,9 @@ class LoRA(Method):
             conv_rank=self.config["conv_rank"],
             train=train,
             compute=self.config["compute"],
+            init=self.config["init"],
+            scaling=self.config["scaling"],
+            dora=self.config["dora"],
         )
 
     def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -66,6 +66,9 @@ def apply(
     train: str | Sequence[str] = (),
     experts: int | None = None,
     compute: str = "input",
+    init: str = "kaiming",
+    scaling: str = "standard",
+    dora: bool = False,
 ) -> nn.Module:
     """Wrap ``model``'s target layers in `LoraLayer` s in place, freeze everything else and return the model.
 
@@ -87,6 +90,10 @@ def apply(
             (``(W + scale · B A) x + b``, loralib's conv LoRA: the same function without the adapter's activations,
             with a weight-sized gradient; while dropout is active in training the input way is used). See
             `workbench.adaptation.lora.layer`.
+        init: ``"kaiming"`` (default, PEFT's: ``A`` Kaiming-uniform, ``B = 0``) or ``"pissa"`` (the top-r singular
+            triplets of each base weight, which is replaced by its residual; see `workbench.adaptation.lora.layer`).
+        scaling: ``"standard"`` (default, ``alpha / r``) or ``"rslora"`` (``alpha / sqrt(r)``).
+        dora: DoRA, a trained magnitude per output unit times the normalised adapted weight (default False).
 
     The adapter is named ``"default"`` (PEFT's name) and active. A model that already carries LoRA layers is refused
     (merge them first, or `add_adapter`); parametrizations of the model are left as they are. The `LoraConfig` is
@@ -102,6 +109,9 @@ def apply(
         train=train,
         experts=experts,
         compute=compute,
+        init=init,
+        scaling=scaling,
+        dora=dora,
     )
     return apply_config(model, config)
 
@@ -124,8 +134,9 @@ def apply_config(model: nn.Module, config: LoraConfig, name: str = DEFAULT) -> n
             p.requires_grad_(True)
     try:
         _train_in_full(model, config.train)
-    except UserError:  # a refused apply leaves the model as it was
+    except UserError:  # a refused apply leaves the model as it was (PiSSA's base weights up to rounding)
         for layer_name, layer in layers.items():
+            layer.delete_adapter(name)
             _replace(model, layer_name, layer.base_layer)
         for p, flag in flags:
             p.requires_grad_(flag)
@@ -195,7 +206,7 @@ def _add(model: nn.Module, configs: Mapping[str, LoraConfig]) -> dict[str, LoraL
         for target, module in _select_targets(model, config.targets):
             wanted.setdefault(target, (module, []))[1].append(name)
     order = [target for target, _ in _candidates(model) if target in wanted]
-    new, extended = {}, []
+    new, added = {}, []
     try:
         for target in order:
             module, names = wanted[target]
@@ -203,12 +214,11 @@ def _add(model: nn.Module, configs: Mapping[str, LoraConfig]) -> dict[str, LoraL
             for name in names:
                 base = layer.base_layer
                 layer.add_adapter(name, configs[name].adapter(configs[name].rank_of(target, base)))
-                if layer is module:
-                    extended.append((layer, name))
+                added.append((layer, name))
             if layer is not module:
                 new[target] = layer
     except UserError as error:
-        for layer, name in extended:
+        for layer, name in reversed(added):  # PiSSA changed base weights: put them back
             layer.delete_adapter(name)
         raise UserError(f"LoRA target '{target}': {error}") from None
     for target, layer in new.items():
@@ -479,7 +489,7 @@ def peft_config_of(model: nn.Module, adapter: str = DEFAULT) -> tuple[dict | Non
     Targets go into ``target_modules`` as one regular expression of the exact names and per-target ranks into
     ``rank_pattern`` (anchored names), so PEFT rebuilds exactly these layers; parameters trained in full must form
     whole modules (PEFT's ``modules_to_save``). PEFT's convolution LoRA has no dilation or padding mode and PEFT has
-    no routed experts: such adapters are the workbench's alone.
+    no routed experts, and its PiSSA adapts linear layers only: such adapters are the workbench's alone.
     """
     config = _configs(model)[adapter]
     layers = {name: layer for name, layer in lora_layers(model).items() if adapter in layer.adapters}
@@ -489,6 +499,8 @@ def peft_config_of(model: nn.Module, adapter: str = DEFAULT) -> tuple[dict | Non
         base = layer.base_layer
         if isinstance(base, (nn.Conv1d, nn.Conv2d)) and (set(base.dilation) != {1} or base.padding_mode != "zeros"):
             return None, f"'{name}' is a convolution with dilation or a padding mode, which PEFT's LoRA leaves out"
+        if config.init == "pissa" and not isinstance(base, nn.Linear):
+            return None, f"'{name}' is a convolution, which PEFT's PiSSA leaves out"
     modules_to_save, why_not = _whole_modules(model, adapter)
     ranks = {name: layer.adapters[adapter].rank for name, layer in layers.items()}
     if why_not:
@@ -507,9 +519,9 @@ def peft_config_of(model: nn.Module, adapter: str = DEFAULT) -> tuple[dict | Non
         "modules_to_save": modules_to_save or None,
         "bias": "none",
         "fan_in_fan_out": False,
-        "init_lora_weights": True,
-        "use_rslora": False,
-        "use_dora": False,
+        "init_lora_weights": True if config.init == "kaiming" else config.init,
+        "use_rslora": config.scaling == "rslora",
+        "use_dora": config.dora,
     }, ""
 
 
