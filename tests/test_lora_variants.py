@@ -271,3 +271,98 @@ def test_bad_options_are_user_errors_naming_the_field(tmp_path):
     options = {o.name: o for o in lora.LoRA.options}
     assert options["init"].choices == lora.INITS and options["scaling"].choices == lora.SCALINGS
     assert options["dora"].type is bool and options["dora"].default is False
+
+
+# -- LoRA-One: closed form --------------------------------------------------------------------------------------
+
+
+def mse(model: nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return ((model(x) - y) ** 2).mean()
+
+
+def batches(sizes=(4, 2, 3)) -> list[tuple[tuple[torch.Tensor, torch.Tensor], int]]:
+    generator = torch.Generator().manual_seed(5)
+    out = []
+    for n in sizes:
+        x = torch.randn(n, 3, 12, generator=generator, dtype=torch.float64)
+        out.append(((x, torch.randn(n, 4, generator=generator, dtype=torch.float64)), n))
+    return out
+
+
+@pytest.mark.parametrize("dora", [False, True])
+def test_lora_one_factors_are_the_top_singular_subspaces_of_the_one_step_gradient(tmp_path, dora):
+    base, rank, gamma = net(), 2, 4.0
+    full = copy.deepcopy(base)  # the reference: one full fine-tuning gradient over all 9 samples at once
+    x = torch.cat([b[0][0] for b in batches()])
+    y = torch.cat([b[0][1] for b in batches()])
+    reference = dict(zip(TARGETS, torch.autograd.grad(mse(full, (x, y)), [getattr(full, n).weight for n in TARGETS])))
+    ours = lora.apply(copy.deepcopy(base), targets=TARGETS, rank=rank, alpha=3, init="lora-one", scaling="rslora",
+                      dora=dora)  # fmt: skip
+    gradients = lora.init_lora_one(ours, mse, batches(), gamma=gamma)  # three chunks, weighed by their samples
+    for name, layer in lora.lora_layers(ours).items():
+        assert_same(gradients[name], reference[name], 1e-12)
+        u, singular, vh = torch.linalg.svd(-reference[name].flatten(1), full_matrices=False)
+        b, a = layer.lora_B.weight.flatten(1), layer.lora_A.weight.flatten(1)
+        left, right = u[:, :rank], vh[:rank].T
+        assert_same(b @ torch.linalg.pinv(b), left @ left.T, 1e-10)  # span(B) = top-r left singular subspace of −G
+        assert_same(torch.linalg.pinv(a) @ a, right @ right.T, 1e-10)  # span(Aᵀ) = top-r right singular subspace
+        step = layer.scale / (gamma * singular[0])  # scale · B A = −scale / (γ s₁) · G_r: one rank-r gradient step
+        best = (left * singular[:rank]) @ right.T
+        assert_same(layer._lora_weight("default").flatten(1), step * best, 1e-12)
+        assert torch.equal(layer.base_layer.weight, getattr(base, name).weight)  # W is left as it is
+        assert not layer.base_layer.weight.requires_grad and layer.base_layer.weight.grad is None
+        if dora:
+            rows = (layer.base_layer.weight + layer._lora_weight("default")).flatten(1).norm(dim=1)
+            assert_same(layer.lora_magnitude_vector["default"].weight.flatten(), rows, 1e-12)
+    stepped = copy.deepcopy(base)  # the adapted model is the base one rank-r gradient step away
+    with torch.no_grad():
+        for name, layer in lora.lora_layers(ours).items():
+            getattr(stepped, name).weight.add_(layer._lora_weight("default"))
+    assert_same(ours(x), stepped(x), 1e-12)
+    assert (ours(x) - base(x)).abs().max() > 1e-4
+    lora.save_adapter(ours, tmp_path / "one")  # W unchanged: PEFT loads it as a plain LoRA (DoRA) adapter
+    theirs = peft.PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "one")
+    assert_same(theirs(x), ours(x))
+
+
+def test_lora_one_refuses_other_inits_and_layers_off_the_loss_path():
+    base = net()
+    with pytest.raises(UserError, match="init='lora-one'; 'default' is not one"):
+        lora.init_lora_one(lora.apply(copy.deepcopy(base), targets=TARGETS, rank=2), mse, batches())
+    model = lora.apply(copy.deepcopy(base), targets=TARGETS, rank=2, init="lora-one")
+    before = {n: p.clone() for n, p in trainable(model).items()}
+
+    def head_only(m, batch):  # conv1d, conv2d and fc do not enter this loss
+        return (m.out(batch[0][:, 0, :7]) ** 2).mean()
+
+    with pytest.raises(UserError, match=r"LoRA-One cannot initialise conv1d: the loss does not depend on its weight"):
+        lora.init_lora_one(model, head_only, batches())
+    for name, p in trainable(model).items():  # nothing changed, out included
+        assert torch.equal(p, before[name]), name
+
+
+@pytest.mark.slow  # reading the shipped PTB-XL cut takes ~8 s
+def test_the_lora_method_sets_lora_one_from_the_task_loss_over_the_training_samples():
+    from workbench.registry import tasks
+
+    task = tasks.get("ptbxl")()
+    task.progress = False
+    base = task.load_model(None)  # float32, as the task's samples
+    data, _ = task.prepare(base, task.read(None, 0), 8, 4, 0)
+    method = lora.LoRA(rank=2, init="lora-one", gamma=4.0, targets="conv")
+    model = method.prepare(copy.deepcopy(base))
+    method.gradient_chunk = 3  # 8 samples in chunks of 3, 3, 2
+    method.setup(task, model, data, 0)
+    layers = lora.lora_layers(model)
+    full = copy.deepcopy(base).eval()  # the reference: the mean loss over all 8 samples in one batch
+    weights = [full.get_submodule(name).weight for name in layers]
+    reference = torch.autograd.grad(task.loss(full, task.collate(data.train, torch.device("cpu")), False), weights)
+    for (name, layer), gradient in zip(layers.items(), reference):
+        u, singular, vh = torch.linalg.svd(-gradient.flatten(1), full_matrices=False)
+        best = (u[:, :2] * singular[:2]) @ vh[:2]
+        expected = layer.scale / (4.0 * singular[0]) * best
+        torch.testing.assert_close(
+            layer._lora_weight("default").flatten(1), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item()
+        )
+        assert layer._lora_weight("default").abs().max() > 0, name

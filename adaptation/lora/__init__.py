@@ -8,7 +8,7 @@ named adapters (PEFT's ``lora_A[name]``), each of a kind: plain LoRA, H-LoRA's t
 MoELoRA's looped experts.
 
 - `apply` / `apply_config`, `add_adapter`, `set_adapter`, `delete_adapter`, `merge`, `unmerge`, `save_adapter`,
-  `load_adapter`, `set_adapter_weights`, `adapter_parameters`, `adapter_state`, `lora_layers`
+  `load_adapter`, `set_adapter_weights`, `adapter_parameters`, `adapter_state`, `lora_layers`, `init_lora_one`
   (`workbench.adaptation.lora.model`);
 - `LoraLayer` (`workbench.adaptation.lora.layer`);
 - `apply_plugins`, `active_plugin`, `save_plugin`, `load_plugin`: named adapters chosen by task kind (HealthGPT's
@@ -44,6 +44,7 @@ from workbench.adaptation.lora.model import (
     apply,
     apply_config,
     delete_adapter,
+    init_lora_one,
     load_adapter,
     load_state,
     lora_layers,
@@ -85,6 +86,7 @@ __all__ = [
     "active_plugin",
     "apply_plugins",
     "delete_adapter",
+    "init_lora_one",
     "load_plugin",
     "load_state",
     "plugin_names",

@@ -28,7 +28,10 @@ Options of plain LoRA adapters (each as HF PEFT's, which the tests check against
   ``"gaussian"`` is another init, ``A ~ N(0, 1/r²)``) or ``"pissa"`` (Meng et al., "PiSSA: Principal Singular Values
   and Singular Vectors Adaptation of Large Language Models", NeurIPS 2024; PEFT's ``init_lora_weights="pissa"``: the
   factors hold the top-r singular triplets of the base weight, which keeps their residual, see
-  `workbench.adaptation.lora.layer`);
+  `workbench.adaptation.lora.layer`), or ``"lora-one"`` (Zhang, Liu and Chen, "LoRA-One: One-Step Full Gradient
+  Could Suffice for Fine-Tuning Large Language Models, Provably and Efficiently", ICML 2025; not in PEFT): the
+  adapters start as ``"kaiming"`` until `workbench.adaptation.lora.init_lora_one` sets them from the top-r singular
+  triplets of one full fine-tuning gradient (the ``lora`` method does so before training);
 * ``dora`` (Liu et al., "DoRA: Weight-Decomposed Low-Rank Adaptation", ICML 2024; PEFT's ``use_dora``): a trained
   magnitude per output unit times the direction ``(W + scale · B A) / ||W + scale · B A||`` (norm per output row).
 """
@@ -49,8 +52,9 @@ from workbench.errors import UserError
 COMPUTES = ("input", "weight")
 #: Adapter kinds: plain LoRA, H-LoRA's fused routed experts, MoELoRA's looped experts.
 KINDS = ("lora", "hlora", "moelora")
-#: ``init`` choices: PEFT's default (Kaiming-uniform ``A``, ``B = 0``) and PiSSA (top-r singular triplets of ``W``).
-INITS = ("kaiming", "pissa")
+#: ``init`` choices: PEFT's default (Kaiming-uniform ``A``, ``B = 0``), PiSSA (top-r singular triplets of ``W``) and
+#: LoRA-One (top-r singular triplets of one full fine-tuning gradient: `workbench.adaptation.lora.init_lora_one`).
+INITS = ("kaiming", "pissa", "lora-one")
 #: ``scaling`` choices: ``alpha / r`` and rsLoRA's ``alpha / sqrt(r)``.
 SCALINGS = ("standard", "rslora")
 #: ``conv_rank`` choices: ``"peft"`` (convolutions take ``rank`` like every target), ``"rule"`` (`conv_rule_rank`).

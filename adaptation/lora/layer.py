@@ -42,7 +42,14 @@ Initialisation (``init``) as PEFT's; every adapter starts as the identity:
   Merging gives ``W_res + scale · B A = W + ΔW`` with ``ΔW = scale · (B A − B₀ A₀)``; `delete_adapter` puts ``W =
   W_res + scale · B₀ A₀`` back (up to rounding) from the initial factors kept as non-persistent buffers
   (``pissa_factors[name]``). Convolutions take the same SVD of the flattened kernel (PEFT's PiSSA adapts linear
-  layers only; its adapter config is then not written).
+  layers only; its adapter config is then not written);
+* ``"lora-one"`` (LoRA-One, Zhang, Liu and Chen, ICML 2025; the authors' released code, ``direction=LoRA-One``,
+  ``scale=stable``): ``"kaiming"`` until `LoraLayer.init_from_gradient` is given the full fine-tuning gradient ``G`` of
+  the base weight; then with ``U S Vᵀ`` the SVD of ``−G`` (flattened to ``(out, in·K)``),
+  ``B = U_r sqrt(S_r / s₁) / sqrt(γ)`` and ``A = sqrt(S_r / s₁) V_rᵀ / sqrt(γ)`` (``s₁`` the largest singular value,
+  ``γ`` the authors' ``stable_gamma``, 128 by default), the base weight left as it is: the adapted layer starts one
+  rank-r gradient step away, ``W + scale · B A = W − scale / (γ s₁) · G_r`` (``G_r`` the best rank-r approximation
+  of ``G``).
 
 Dropout acts on the adapter's input only; the base path never sees it.
 
@@ -268,6 +275,36 @@ class LoraLayer(nn.Module):
             self.pissa_factors[name].A.copy_(lora_a)
             self.pissa_factors[name].B.copy_(lora_b)
             weight.copy_((flat - config.scale * b @ a).reshape(weight.shape))
+
+    def init_from_gradient(self, name: str, gradient: torch.Tensor, gamma: float) -> None:
+        """LoRA-One (module doc): ``A``, ``B`` from the top-r SVD of ``−gradient`` (the loss's gradient with respect to
+        the base weight, its shape), scaled by ``1 / sqrt(γ s₁)``; the base weight is left as it is. DoRA's magnitude
+        is set again to the row norms of ``W + scale · B A`` (as the authors' code does)."""
+        why = self.gradient_error(name, gradient)
+        if why:
+            raise UserError(f"LoRA-One cannot initialise this layer: {why}")
+        config, weight = self.adapters[name], self.base_layer.weight
+        flat = -gradient.detach().flatten(1).to(torch.promote_types(weight.dtype, torch.float32))
+        u, singular, vh = torch.linalg.svd(flat, full_matrices=False)
+        root = (singular[: config.rank] / singular[0]).sqrt() / math.sqrt(gamma)
+        lora_a, lora_b = self.lora_A[name].weight, self.lora_B[name].weight
+        with torch.no_grad():
+            lora_a.copy_((root[:, None] * vh[: config.rank]).reshape(lora_a.shape))
+            lora_b.copy_((u[:, : config.rank] * root).reshape(lora_b.shape))
+            if config.dora:
+                magnitude = self.lora_magnitude_vector[name].weight
+                magnitude.copy_(self._row_norm(self._lora_weight(name)).reshape(magnitude.shape))
+
+    def gradient_error(self, name: str, gradient: torch.Tensor) -> str | None:
+        """Why `init_from_gradient` cannot take ``gradient`` for adapter ``name`` — None when it can."""
+        weight, rank = self.base_layer.weight, self.adapters[name].rank
+        if tuple(gradient.shape) != tuple(weight.shape):
+            return f"the gradient has shape {tuple(gradient.shape)}, the weight {tuple(weight.shape)}"
+        if not gradient.abs().max() > 0:
+            return "the loss does not depend on its weight (zero gradient); leave it out of the targets"
+        if rank > min(weight.shape[0], weight[0].numel()):
+            return f"rank {rank} is above the {tuple(weight.shape)} weight's number of singular values"
+        return None
 
     def _restore_base(self, name: str) -> None:
         """``W ← W + scale · B₀ A₀``: the base weight PiSSA adapter ``name`` found (zero before its first init)."""

@@ -8,7 +8,7 @@ from typing import Mapping
 import torch
 from torch import nn
 from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, INITS, SCALINGS
-from workbench.adaptation.lora.model import adapter_state, apply, load_state, merge, target_names
+from workbench.adaptation.lora.model import adapter_state, apply, init_lora_one, load_state, merge, target_names
 
 from workbench.method import Method
 from workbench.model import require
@@ -36,7 +36,8 @@ class LoRA(Method):
     adapter's input).
 
     ``--init pissa``, ``--scaling rslora`` and ``--dora`` are PEFT's PiSSA, rsLoRA and DoRA (see
-    `workbench.adaptation.lora.config`).
+    `workbench.adaptation.lora.config`). ``--init lora-one`` sets the adapters in `setup`, before training, from the
+    gradient of the task's loss over every training sample (`workbench.adaptation.lora.init_lora_one`, ``--gamma``).
     """
 
     name = "lora"
@@ -75,8 +76,9 @@ class LoRA(Method):
             "init",
             str,
             "kaiming",
-            "adapter init: 'kaiming' (A Kaiming-uniform, B = 0, PEFT's default) or 'pissa' (top-r singular triplets of "
-            "each weight, which keeps the residual)",
+            "adapter init: 'kaiming' (A Kaiming-uniform, B = 0, PEFT's default), 'pissa' (top-r singular triplets of "
+            "each weight, which keeps the residual) or 'lora-one' (top-r singular triplets of one full-batch gradient "
+            "over the training samples)",
             choices=INITS,
         ),
         Option(
@@ -87,7 +89,10 @@ class LoRA(Method):
             choices=SCALINGS,
         ),
         Option("dora", bool, False, "DoRA: a trained magnitude per output unit times the normalised adapted weight"),
+        Option("gamma", float, 128.0, "LoRA-One's gamma: its factors are divided by sqrt(gamma) (--init lora-one)"),
     )
+    #: Samples per forward pass while LoRA-One takes its full-batch gradient (the mean is over all of them).
+    gradient_chunk = 32
 
     def check(self, task, data, model: nn.Module) -> None:
         """The model declares LoRA target groups (and a head when ``--head train``); the targets exist."""
@@ -116,6 +121,16 @@ class LoRA(Method):
             scaling=self.config["scaling"],
             dora=self.config["dora"],
         )
+
+    def setup(self, task, model: nn.Module, data, seed: int) -> None:
+        """LoRA-One (``--init lora-one``): the adapters from the full-batch gradient of the task's loss (its eval
+        form) over the training samples, ``gradient_chunk`` samples per forward pass."""
+        if self.config["init"] != "lora-one":
+            return
+        device = next(model.parameters()).device
+        chunks = [data.train[i : i + self.gradient_chunk] for i in range(0, len(data.train), self.gradient_chunk)]
+        batches = ((task.collate(chunk, device), len(chunk)) for chunk in chunks)
+        init_lora_one(model, lambda m, batch: task.loss(m, batch, False), batches, gamma=self.config["gamma"])
 
     def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The adapter and the parameters trained in full by their file names (`adapter_state`: PEFT's, without the

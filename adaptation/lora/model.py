@@ -34,7 +34,7 @@ import logging
 import re
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -519,10 +519,71 @@ def peft_config_of(model: nn.Module, adapter: str = DEFAULT) -> tuple[dict | Non
         "modules_to_save": modules_to_save or None,
         "bias": "none",
         "fan_in_fan_out": False,
-        "init_lora_weights": True if config.init == "kaiming" else config.init,
+        "init_lora_weights": "pissa" if config.init == "pissa" else True,  # LoRA-One leaves W: PEFT's default load
         "use_rslora": config.scaling == "rslora",
         "use_dora": config.dora,
     }, ""
+
+
+def init_lora_one(
+    model: nn.Module,
+    loss: Callable[[nn.Module, Any], torch.Tensor],
+    batches: Iterable[tuple[Any, int]],
+    gamma: float = 128.0,
+    adapter: str = DEFAULT,
+) -> dict[str, torch.Tensor]:
+    """LoRA-One's initialisation of adapter ``adapter`` (applied with ``init="lora-one"``) from one full-batch gradient.
+
+    Paper: Zhang, Liu and Chen, "LoRA-One: One-Step Full Gradient Could Suffice for Fine-Tuning Large Language
+    Models, Provably and Efficiently", ICML 2025 (code: YuanheZ/LoRA-One). ``G`` is the gradient of the mean loss over
+    every sample of ``batches`` with respect to each adapted layer's base weight, taken at the model as it is (call it
+    before training: the adapters are still the identity); each layer's factors then come from the top-r singular
+    triplets of ``−G`` (`workbench.adaptation.lora.layer.LoraLayer.init_from_gradient`). The preconditioned optimiser
+    of the paper is not part of this initialisation. The model is left in eval mode while the gradient is taken
+    (no dropout: the same gradient every time; the authors' code takes it in train mode), then in its mode again.
+
+    Args:
+        model: a model carrying adapter ``adapter`` with ``init="lora-one"``.
+        loss: ``loss(model, batch) -> scalar``, the mean over the batch's samples.
+        batches: ``(batch, number of samples)`` pairs; the full-batch mean weighs each batch by its samples.
+        gamma: the authors' ``stable_gamma`` (default 128, theirs): the factors are divided by ``sqrt(γ)``.
+        adapter: the adapter's name.
+
+    Returns ``{module name: G}`` (detached, in the weights' shapes). The base weights' ``requires_grad`` and every
+    ``.grad`` are left as they were.
+    """
+    config = _configs(model).get(adapter)
+    if config is None or config.init != "lora-one":
+        raise UserError(f"init_lora_one initialises an adapter applied with init='lora-one'; '{adapter}' is not one")
+    if not gamma > 0:
+        raise UserError(f"LoRA-One's gamma must be positive, got {gamma}")
+    layers = {name: layer for name, layer in lora_layers(model).items() if adapter in layer.adapters}
+    weights = [layer.base_layer.weight for layer in layers.values()]
+    flags, mode = [w.requires_grad for w in weights], model.training
+    total, count = [torch.zeros_like(w) for w in weights], 0
+    try:
+        model.eval()
+        for w in weights:
+            w.requires_grad_(True)
+        for batch, n in batches:
+            grads = torch.autograd.grad(loss(model, batch), weights, allow_unused=True)
+            for sum_, grad in zip(total, grads):
+                if grad is not None:
+                    sum_.add_(grad, alpha=n)
+            count += n
+    finally:
+        for w, flag in zip(weights, flags):
+            w.requires_grad_(flag)
+        model.train(mode)
+    if not count:
+        raise UserError("init_lora_one: no samples in batches")
+    gradients = {name: g / count for name, g in zip(layers, total)}
+    problems = [f"{n}: {why}" for n, layer in layers.items() if (why := layer.gradient_error(adapter, gradients[n]))]
+    if problems:  # nothing changes unless every layer can take its gradient
+        raise UserError("LoRA-One cannot initialise " + "; ".join(problems))
+    for name, layer in layers.items():
+        layer.init_from_gradient(adapter, gradients[name], gamma)
+    return gradients
 
 
 def _whole_modules(model: nn.Module, adapter: str) -> tuple[list[str], str]:
