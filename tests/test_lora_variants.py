@@ -366,3 +366,37 @@ def test_the_lora_method_sets_lora_one_from_the_task_loss_over_the_training_samp
             layer._lora_weight("default").flatten(1), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item()
         )
         assert layer._lora_weight("default").abs().max() > 0, name
+
+
+# -- LIFT's principal weights: closed form ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(9, 7), (4, 3, 5)])
+def test_lift_mask_is_the_top_entries_of_the_rank_r_approximation(shape):
+    import numpy as np
+    from workbench.adaptation.lift import lora_budget, principal_mask
+
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    rank = 2
+    count = lora_budget(weight, rank)
+    assert count == min((shape[0] + weight[0].numel()) * rank, weight.numel())
+    mask = principal_mask(weight, rank, count)
+    assert mask.shape == weight.shape and mask.dtype == torch.bool and int(mask.sum()) == count
+    u, s, vh = np.linalg.svd(weight.flatten(1).numpy(), full_matrices=False)  # an independent rank-r approximation
+    approximation = (u[:, :rank] * s[:rank]) @ vh[:rank]
+    expected = set(np.argsort(-np.abs(approximation).ravel())[:count].tolist())
+    assert set(torch.nonzero(mask.flatten()).flatten().tolist()) == expected
+    by_magnitude = set(weight.abs().flatten().topk(count).indices.tolist())
+    assert by_magnitude != expected  # principal weights are not the largest entries of W itself
+
+
+def test_lift_mask_refuses_bad_rank_and_count():
+    from workbench.adaptation.lift import principal_mask
+
+    weight = torch.randn(4, 6)
+    for rank in (0, 5, 1.5):
+        with pytest.raises(UserError, match=r"LIFT rank must be an integer in 1..4 for a \(4, 6\) weight"):
+            principal_mask(weight, rank, 3)
+    for count in (0, 25):
+        with pytest.raises(UserError, match=r"LIFT count must be an integer in 1..24"):
+            principal_mask(weight, 2, count)
