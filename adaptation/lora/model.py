@@ -3,7 +3,8 @@
 Paper: Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022. The model side of HF PEFT's
 ``tuners/lora/model.py``, working in place on a plain ``nn.Module`` (no ``PeftModel`` around it): each target
 ``nn.Linear`` / ``nn.Conv1d`` / ``nn.Conv2d`` is replaced by a `LoraLayer` holding it as ``base_layer``, so every
-adapted module computes ``W x + b + (alpha / r) · B A x`` (see `workbench.adaptation.lora.layer`).
+adapted module computes ``W x + b + (alpha / r) · B A x`` (see `workbench.adaptation.lora.layer`, also for the
+options rsLoRA, PiSSA, DoRA and LoRA-One).
 
 Named adapters, as PEFT's: `apply` adds the adapter ``"default"``; `add_adapter` adds another one by name (on the
 same or other targets), `set_adapter` chooses which act, `delete_adapter` removes one, and `merge`, `save_adapter`,
@@ -346,7 +347,8 @@ def load_state(
 
 
 def merge(model: nn.Module, unload: bool = True, adapter: str | Sequence[str] | None = None) -> nn.Module:
-    """Fold LoRA updates into their base weights, ``W ← W + (alpha / r) · B A``, and return the model.
+    """Fold LoRA updates into their base weights, ``W ← W + ΔW`` (``scale · B A``; with DoRA
+    ``f ⊙ (W + scale · B A) − W``), and return the model.
 
     Args:
         model: a model `apply` adapted (a model without LoRA layers is returned unchanged).
@@ -379,7 +381,8 @@ def merge(model: nn.Module, unload: bool = True, adapter: str | Sequence[str] | 
 
 
 def unmerge(model: nn.Module) -> nn.Module:
-    """Undo `merge` ``(unload=False)``: ``W ← W − (alpha / r) · B A`` (the base weights again, up to rounding)."""
+    """Undo `merge` ``(unload=False)``: ``W ← W − ΔW`` with the ``ΔW`` merge added (the base weights again, up to
+    rounding)."""
     for layer in lora_layers(model).values():
         layer.unmerge()
     return model
