@@ -400,3 +400,54 @@ def test_lift_mask_refuses_bad_rank_and_count():
     for count in (0, 25):
         with pytest.raises(UserError, match=r"LIFT count must be an integer in 1..24"):
             principal_mask(weight, 2, count)
+
+
+def test_lift_trains_only_the_principal_entries_and_a_new_mask_drops_the_moments_that_left():
+    from workbench.adaptation import lift
+
+    base = net()
+    model = lift.apply(copy.deepcopy(base), targets=TARGETS, rank=2, budget_rank=1)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {f"{t}.weight" for t in TARGETS}
+    for name in TARGETS:
+        weight = getattr(base, name).weight
+        assert torch.equal(getattr(model, name).lift_mask, lift.principal_mask(weight, 2, lift.lora_budget(weight, 1)))
+    assert set(model.state_dict()) == set(base.state_dict())  # masks are not saved with the model
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.05)
+
+    def steps(n: int) -> None:
+        for batch, _ in batches()[:n]:
+            optimizer.zero_grad()
+            mse(model, batch).backward()
+            optimizer.step()
+
+    def moved_outside_masks(before: dict[str, torch.Tensor]) -> list[str]:
+        return [n for n in TARGETS if (getattr(model, n).weight != before[n])[~getattr(model, n).lift_mask].any()]
+
+    steps(3)
+    assert not moved_outside_masks({n: getattr(base, n).weight for n in TARGETS})
+    assert all((getattr(model, n).weight != getattr(base, n).weight).any() for n in TARGETS)
+    for name, value in base.state_dict().items():
+        if not name.endswith("weight") or name.split(".")[0] not in TARGETS:
+            assert torch.equal(model.state_dict()[name], value), name
+    with torch.no_grad():  # a large rank-1 change moves the principal weights elsewhere
+        generator = torch.Generator().manual_seed(9)
+        model.fc.weight.add_(
+            3 * torch.outer(*(torch.randn(n, generator=generator, dtype=torch.float64) for n in (7, 12)))
+        )
+    old_mask, old_moment = model.fc.lift_mask.clone(), optimizer.state[model.fc.weight]["exp_avg"].clone()
+    kept = lift.update_masks(model, optimizer)
+    assert kept["fc"] < 1 and (old_moment[old_mask & ~model.fc.lift_mask] != 0).any()
+    assert torch.equal(model.fc.lift_mask, lift.principal_mask(model.fc.weight, 2, int(old_mask.sum())))
+    moment = optimizer.state[model.fc.weight]["exp_avg"]
+    assert torch.equal(moment, old_moment * model.fc.lift_mask)  # the moments of entries that left are zero
+    before = {n: getattr(model, n).weight.detach().clone() for n in TARGETS}
+    steps(1)
+    assert not moved_outside_masks(before)  # entries that left the mask stay where they are
+    lift.remove(model)
+    assert not hasattr(model, lift.STATE) and not hasattr(model.fc, "lift_mask")
+    mse(model, batches()[0][0]).backward()
+    assert (model.fc.weight.grad != 0).all()  # no mask on the gradient any more
+    with pytest.raises(UserError, match="LIFT target 'conv2d': LIFT rank must be an integer in 1..2"):
+        lift.apply(copy.deepcopy(base), targets=TARGETS, rank=3)  # conv2d's (2, 1, 3, 3) weight has 2
+    with pytest.raises(UserError, match="LIFT budget_rank must be a positive integer"):
+        lift.apply(copy.deepcopy(base), targets=TARGETS, rank=1, budget_rank=0)
