@@ -70,6 +70,28 @@ def test_masked_patches_cannot_reach_the_predictions_and_visible_ones_do():
     assert model.encoder.labram.patch_embed._forward_hooks == {}  # the mask hook never outlives a call
 
 
+def test_the_spectrum_target_is_phase_free_and_scores_every_patch():
+    """``target="spectrum"`` (the motor-imagery backbone's): the decoder predicts each patch's log-amplitude spectrum
+    alone — the same for a rhythm at any phase, so the tokens must carry band power rather than waveform — and the
+    loss scores the visible patches too; the ``patch`` target (samples + spectrum) changes with the phase."""
+    t = torch.arange(480, dtype=torch.float64) / 160.0
+    one, other = (torch.sin(2 * torch.pi * 10.0 * t + phase).expand(1, 9, 480) for phase in (0.0, 1.3))
+    spectrum = MaskedPatchModel(small_encoder(), target="spectrum").double()
+    patch = MaskedPatchModel(small_encoder()).double()
+    assert spectrum.decoder.out_features == 81 and patch.decoder.out_features == 160 + 81
+    torch.testing.assert_close(spectrum.targets(one), spectrum.targets(other))
+    assert not torch.allclose(patch.targets(one), patch.targets(other))
+    mask = torch.zeros(1, 27, dtype=torch.bool)
+    mask[0, :3] = True
+    spectrum.eval()
+    with torch.no_grad():
+        error = (spectrum(one, mask) - spectrum.targets(one)).pow(2).mean(dim=-1)[0]
+        expected = 0.5 * (error[:3].mean() + error[3:].mean())
+        torch.testing.assert_close(spectrum.loss(one, mask), expected)
+    with pytest.raises(ValueError, match="target"):
+        MaskedPatchModel(small_encoder(), target="phase")
+
+
 def test_pretraining_lowers_the_masked_loss_and_saves_a_headless_backbone(tmp_path):
     windows = read_sleep_edf(EMBEDDED_SLEEP, channels=SLEEP_EDF_CHANNELS, on_error="raise")
     corpus = _corpus(windows, "uv100", "embedded nights")
@@ -106,3 +128,39 @@ def test_the_tasks_adapt_their_shipped_backbone_unless_told_otherwise(name, rate
     with caplog.at_level(logging.WARNING):
         assert task._shipped_backbone(250.0) is None
     assert "a fresh, untrained LaBraM" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpoint", ["labram_motor_spectrum.safetensors"])
+def test_full_fine_tuning_reads_motor_imagery_from_the_spectrum_backbone(tmp_path, checkpoint):
+    """The motor-imagery fix (card labram-benchmark-backbones, benchmarks/eeg_lbm_lora_probe.py): from the backbone
+    pretrained with the phase-free ``spectrum`` target, full fine-tuning reads left vs right imagery of held-out
+    generated subjects well above chance — from the shipped ``patch``-target backbone (labram_motor_small) the same
+    run fits its training windows and stays at chance on the held-out ones."""
+    from workbench.domains.eeg.generate import generate_motor_imagery
+    from workbench.domains.eeg.motor import read_eegmmidb
+    from workbench.domains.eeg.task import SENSORIMOTOR_CHANNELS, _keep_classes, scale_windows
+    from workbench.models.eeg import CHECKPOINTS, load_labram_weights
+
+    torch.set_num_threads(1)
+    root = generate_motor_imagery(tmp_path / "mi", seed=11, subjects=16, runs=(4, 8, 12), trials_per_run=16)
+    windows = _keep_classes(read_eegmmidb(root, channels=SENSORIMOTOR_CHANNELS), ("left_fist", "right_fist"), "x")
+    x, y = torch.as_tensor(scale_windows(windows.signals_uv, "uv100")), torch.as_tensor(windows.labels)
+    test = torch.as_tensor(np.isin(windows.subjects, sorted(set(windows.subjects))[::4]))  # 4 held-out subjects
+    torch.manual_seed(0)
+    model = LabramClassifier(9, 2, 640, 160.0, SENSORIMOTOR_CHANNELS)
+    load_labram_weights(model, CHECKPOINTS / checkpoint)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    train = torch.nonzero(~test)[:, 0]
+    for _ in range(16):  # 16 epochs of 36 steps
+        model.train()
+        for batch in train[torch.randperm(len(train), generator=generator)].split(16):
+            loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        accuracy = float((model(x[test]).argmax(1) == y[test]).float().mean())
+    assert accuracy >= 0.65, accuracy

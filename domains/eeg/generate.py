@@ -72,6 +72,12 @@ the mean ERD depth 0.75 − 0.6·difficulty and the sensor noise 2·(1 + 2·diff
 lognormal(0, 0.3) and lognormal(0, 0.2)); `DEFAULT_DIFFICULTY` is tuned so that log mu/beta band power at every
 channel + logistic regression, cross-validated across subjects, is well below 100 % on left vs right fist.
 
+Cohort configurations (`SleepCohort`): a night's draws follow ``DEFAULT_SLEEP_COHORT`` (the ranges above, the
+embedded set's) unless another is given — other ranges of the subjects' alpha and spindle frequencies and 1/f
+exponent, amplitudes scaled, a per-subject gain of each derivation (montage), other amplifier noise, and ``cycles``
+sleep cycles per night (N2 → 3 → 4 → N2 → REM repeated, for longer nights). ``SOURCE_SLEEP_COHORT`` is the other
+configuration a benchmark backbone is pretrained on.
+
 Files (edfio, EDF/EDF+; physical unit µV for EEG, EOG and EMG): ``sleep-cassette/SC4ssNE0-PSG.edf`` (plain EDF,
 30 s data records: 3000 samples of each 100 Hz channel, 30 of each 1 Hz channel) + ``SC4ssNx-Hypnogram.edf``
 (annotation-only EDF+, runs of equal stages merged, as the real files); ``Sss/SsssRrr.edf`` (EDF+ at 160 Hz,
@@ -169,6 +175,8 @@ class SleepSubject:
         slow_wave_uv: slow-wave peak-to-peak scale A_δ [µV]; sawtooth_uv: sawtooth peak amplitude [µV].
         emg_uv: wake chin-EMG RMS [µV]; temperature_c: rectal temperature at lights off [°C];
         breathing_hz: respiration rate [Hz]; start: recording start (date, time) as ISO strings.
+        channel_gains: the montage's gain of each EEG derivation (Fpz-Cz, Pz-Oz), multiplying its whole signal;
+            sensor_noise_uv: RMS of each derivation's amplifier white noise [µV] (defaults: the embedded set's).
     """
 
     subject: int
@@ -191,20 +199,83 @@ class SleepSubject:
     temperature_c: float
     breathing_hz: float
     start: tuple[str, str]
+    channel_gains: tuple[float, float] = (1.0, 1.0)
+    sensor_noise_uv: float = 0.5
 
 
-def draw_sleep_subjects(n_subjects: int, seed: int) -> tuple[SleepSubject, ...]:
-    """The recipes of subjects 0 … n_subjects − 1 (subject k from ``SeedSequence([seed, 1, k, 0])``).
+@dataclass(frozen=True)
+class SleepCohort:
+    """How a cohort's nights are drawn (`draw_sleep_subjects`): the subjects' spectra, the montage and night length.
 
-    The night follows `NIGHT_BLOCKS` with block lengths drawn in their ranges; even subjects get one
-    ``Movement time`` epoch inside the first N2 block, odd subjects one unscored ``Sleep stage ?`` epoch at the end.
+    Args:
+        alpha_hz, spindle_hz, background_exponent: (low, high) of the uniform draw of each subject's wake alpha peak
+            [Hz], mean spindle frequency [Hz] and 1/f^β background exponent.
+        amplitude_scale: multiplies every rhythm's and transient's amplitude range (alpha, beta, theta, delta,
+            background, spindle, K-complex, slow wave, sawtooth).
+        channel_gain_sd: SD of log of each derivation's montage gain, drawn per subject (0: gain 1).
+        sensor_noise_uv: amplifier white noise RMS [µV].
+        cycles: sleep cycles per night: the blocks N2 → N3 (stages 3, 4) → N2 → REM of `NIGHT_BLOCKS` repeated
+            (1: the compressed night of ≈ 20 epochs, ≈ 10 min; each cycle adds 11–13 epochs).
+
+    The defaults are the embedded set's (`DEFAULT_SLEEP_COHORT`); `SOURCE_SLEEP_COHORT` is another configuration.
+    """
+
+    alpha_hz: tuple[float, float] = (8.5, 11.5)
+    spindle_hz: tuple[float, float] = (12.0, 14.0)
+    background_exponent: tuple[float, float] = (0.9, 1.3)
+    amplitude_scale: float = 1.0
+    channel_gain_sd: float = 0.0
+    sensor_noise_uv: float = 0.5
+    cycles: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("alpha_hz", "spindle_hz", "background_exponent"):
+            low, high = getattr(self, name)
+            if not 0 < low <= high:
+                raise UserError(f"SleepCohort.{name}={getattr(self, name)}: expected (low, high) with 0 < low <= high")
+        if self.amplitude_scale <= 0 or self.channel_gain_sd < 0 or self.sensor_noise_uv < 0 or self.cycles < 1:
+            raise UserError(
+                "SleepCohort: expected amplitude_scale > 0, channel_gain_sd >= 0, sensor_noise_uv >= 0, cycles >= 1; "
+                f"got {self.amplitude_scale}, {self.channel_gain_sd}, {self.sensor_noise_uv}, {self.cycles}"
+            )
+
+
+#: The embedded set's configuration.
+DEFAULT_SLEEP_COHORT = SleepCohort()
+#: Another configuration (the pretraining corpus of the benchmark's backbone): slower alpha and spindles, a steeper
+#: background, amplitudes × 1.25, derivation gains varying ±25 % between subjects, 3 µV amplifier noise.
+SOURCE_SLEEP_COHORT = SleepCohort(
+    alpha_hz=(7.5, 10.0),
+    spindle_hz=(11.0, 13.0),
+    background_exponent=(1.3, 1.8),
+    amplitude_scale=1.25,
+    channel_gain_sd=0.25,
+    sensor_noise_uv=3.0,
+)
+
+
+def _night_blocks(cycles: int) -> tuple[tuple[str, tuple[int, int]], ...]:
+    """`NIGHT_BLOCKS` with its cycle (N2, stage 3, stage 4, N2, REM) repeated ``cycles`` times."""
+    return NIGHT_BLOCKS[:2] + NIGHT_BLOCKS[2:7] * cycles + NIGHT_BLOCKS[7:]
+
+
+def draw_sleep_subjects(
+    n_subjects: int, seed: int, cohort: SleepCohort = DEFAULT_SLEEP_COHORT
+) -> tuple[SleepSubject, ...]:
+    """The recipes of subjects 0 … n_subjects − 1 (subject k from ``SeedSequence([seed, 1, k, 0])``), drawn as
+    ``cohort`` says (default: the embedded set's configuration).
+
+    The night follows `NIGHT_BLOCKS` (its cycle repeated ``cohort.cycles`` times) with block lengths drawn in their
+    ranges; even subjects get one ``Movement time`` epoch inside the first N2 block, odd subjects one unscored
+    ``Sleep stage ?`` epoch at the end.
     """
     if n_subjects < 1 or n_subjects > 83:
         raise UserError(f"subjects={n_subjects}: expected 1-83 (Sleep-EDF Expanded's cassette numbers subjects 00-82)")
     recipes = []
+    a, gain_sd = cohort.amplitude_scale, cohort.channel_gain_sd
     for k in range(n_subjects):
         rng = np.random.default_rng(np.random.SeedSequence([seed, 1, k, 0]))
-        blocks = [stage * int(rng.integers(low, high + 1)) for stage, (low, high) in NIGHT_BLOCKS]
+        blocks = [stage * int(rng.integers(low, high + 1)) for stage, (low, high) in _night_blocks(cohort.cycles)]
         if k % 2 == 0:
             blocks[2] = blocks[2][:1] + "M" + blocks[2][1:]
         hypnogram = "".join(blocks) + ("?" if k % 2 else "")
@@ -216,22 +287,25 @@ def draw_sleep_subjects(n_subjects: int, seed: int) -> tuple[SleepSubject, ...]:
                 night=1,
                 hypnogram=hypnogram,
                 scorer=SCORERS[k % len(SCORERS)],
-                alpha_hz=round(float(rng.uniform(8.5, 11.5)), 2),
-                spindle_hz=round(float(rng.uniform(12.0, 14.0)), 2),
-                alpha_uv=round(float(rng.uniform(10.0, 16.0)), 2),
-                beta_uv=round(float(rng.uniform(2.0, 4.0)), 2),
-                theta_uv=round(float(rng.uniform(6.0, 10.0)), 2),
-                delta_uv=round(float(rng.uniform(6.0, 10.0)), 2),
-                background_uv=round(float(rng.uniform(4.0, 7.0)), 2),
-                background_exponent=round(float(rng.uniform(0.9, 1.3)), 2),
-                spindle_uv=round(float(rng.uniform(18.0, 30.0)), 2),
-                kcomplex_uv=round(float(rng.uniform(60.0, 90.0)), 2),
-                slow_wave_uv=round(float(rng.uniform(90.0, 120.0)), 2),
-                sawtooth_uv=round(float(rng.uniform(15.0, 25.0)), 2),
+                alpha_hz=round(float(rng.uniform(*cohort.alpha_hz)), 2),
+                spindle_hz=round(float(rng.uniform(*cohort.spindle_hz)), 2),
+                alpha_uv=round(float(rng.uniform(10.0 * a, 16.0 * a)), 2),
+                beta_uv=round(float(rng.uniform(2.0 * a, 4.0 * a)), 2),
+                theta_uv=round(float(rng.uniform(6.0 * a, 10.0 * a)), 2),
+                delta_uv=round(float(rng.uniform(6.0 * a, 10.0 * a)), 2),
+                background_uv=round(float(rng.uniform(4.0 * a, 7.0 * a)), 2),
+                background_exponent=round(float(rng.uniform(*cohort.background_exponent)), 2),
+                spindle_uv=round(float(rng.uniform(18.0 * a, 30.0 * a)), 2),
+                kcomplex_uv=round(float(rng.uniform(60.0 * a, 90.0 * a)), 2),
+                slow_wave_uv=round(float(rng.uniform(90.0 * a, 120.0 * a)), 2),
+                sawtooth_uv=round(float(rng.uniform(15.0 * a, 25.0 * a)), 2),
                 emg_uv=round(float(rng.uniform(8.0, 20.0)), 2),
                 temperature_c=round(float(rng.uniform(37.0, 37.3)), 2),
                 breathing_hz=round(float(rng.uniform(0.22, 0.28)), 3),
                 start=(start.date().isoformat(), start.time().isoformat()),
+                # drawn last, so that the draws above are the embedded set's under the default configuration
+                channel_gains=tuple(round(float(g), 3) for g in np.exp(gain_sd * rng.standard_normal(2))),
+                sensor_noise_uv=cohort.sensor_noise_uv,
             )
         )
     return tuple(recipes)
@@ -347,7 +421,8 @@ def simulate_night(subject: SleepSubject, seed: int) -> dict[str, np.ndarray]:
         artefact = [60.0 * _band(n, fs, 0.5, 3.0, rng) + 15.0 * _band(n, fs, 20.0, 45.0, rng) for _ in range(3)]
         eeg += movement * np.stack(artefact[:2])
         eog += movement * artefact[2]
-    eeg += rng.normal(0.0, 0.5, eeg.shape)  # amplifier noise
+    eeg *= np.asarray(subject.channel_gains, float)[:, None]  # the montage's gain of each derivation
+    eeg += rng.normal(0.0, subject.sensor_noise_uv, eeg.shape)  # amplifier noise
 
     seconds = np.arange(len(stages) * EPOCH_S)
     per_second = np.repeat(list(stages), EPOCH_S)
@@ -476,6 +551,7 @@ def generate_sleep_edf(
     *,
     seed: int = 2026,
     subjects: int | Sequence[SleepSubject] = 6,
+    cohort: SleepCohort = DEFAULT_SLEEP_COHORT,
     overwrite: bool = False,
     progress: bool = False,
 ) -> Path:
@@ -487,19 +563,23 @@ def generate_sleep_edf(
         seed: the one seed of every random choice.
         subjects: a number of subjects (recipes from `draw_sleep_subjects`; 6: ≈ 2.2 MB) or the recipes
             themselves (e.g. those of a ``generator.json``; a subject's signals depend only on seed and recipe).
+        cohort: how a number of subjects is drawn (`SleepCohort`; default the embedded set's); recorded in
+            ``generator.json`` (null when ``subjects`` are recipes).
         overwrite: replace an existing ``out_dir``.
         progress: show a progress bar.
     """
     import edfio
     import scipy
 
-    recipes = draw_sleep_subjects(subjects, seed) if isinstance(subjects, int) else tuple(subjects)
+    drawn = isinstance(subjects, int)
+    recipes = draw_sleep_subjects(subjects, seed, cohort) if drawn else tuple(subjects)
     for recipe in recipes:
         if set(recipe.hypnogram) - set(STAGE_TEXT):
             raise UserError(f"subject {recipe.subject}: hypnogram letters must be among {''.join(STAGE_TEXT)}")
     recipe_json = {
         "generator": "workbench.domains.eeg.generate.generate_sleep_edf",
         "seed": seed,
+        "cohort": asdict(cohort) if drawn else None,
         "numpy": np.__version__,
         "scipy": scipy.__version__,
         "edfio": edfio.__version__,
@@ -516,7 +596,11 @@ def generate_sleep_edf(
 def sleep_subjects_from_json(path: str | Path) -> tuple[int, tuple[SleepSubject, ...]]:
     """The seed and subject recipes of a sleep set's ``generator.json`` (to regenerate it or part of it)."""
     recipe = json.loads(Path(path).read_text())
-    return recipe["seed"], tuple(SleepSubject(**dict(s, start=tuple(s["start"]))) for s in recipe["subjects"])
+    subjects = []
+    for s in recipe["subjects"]:
+        gains = {"channel_gains": tuple(s["channel_gains"])} if "channel_gains" in s else {}
+        subjects.append(SleepSubject(**dict(s, start=tuple(s["start"]), **gains)))
+    return recipe["seed"], tuple(subjects)
 
 
 # ---------------------------------------------------------------- motor imagery (PhysioNet EEGMMIDB)

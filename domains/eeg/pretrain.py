@@ -11,8 +11,15 @@ every masked patch straight to that patch's own content,
     target(patch) = [ patch / s_time ,  log(1 + |rfft(patch)|) / s_amplitude ]     (patch_size + patch_size // 2 + 1)
 
 where s_time and s_amplitude are the standard deviations of the two parts over the training corpus, and the loss is
-the mean squared error over the masked patches only. Masked patches are zeroed in the input as well, so that no
-statistic of the temporal convolution's GroupNorm (which normalises over all tokens) carries them through.
+the mean squared error over the masked patches only (target ``patch``, the shipped backbones'). Target ``spectrum``
+keeps the log-amplitude part alone, of every patch (masked ones from their context, visible ones from themselves,
+the two means weighted equally): a phase-free target, so that each token carries its patch's band power. Motor
+imagery needs it: the shipped ``patch`` backbone's tokens keep waveform, full fine-tuning fits the training windows'
+phases (training accuracy 1.0) and stays at chance on held-out subjects, while from a ``spectrum`` backbone it reads
+the mu/beta desynchronisation (benchmarks/eeg_lbm_lora_probe.py; card labram-benchmark-backbones).
+
+Masked patches are zeroed in the input as well, so that no statistic of the temporal convolution's GroupNorm (which
+normalises over all tokens) carries them through.
 
 Corpus: generated *source* subjects, disjoint from the embedded adaptation sets (another seed, `PRETRAIN_SEED`), read
 by the task's own reader and scaled as the task scales (µV / 100): for ``sleepedf`` 20 synthetic nights
@@ -44,6 +51,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from torch import nn
+from workbench.domains.eeg.generate import SleepCohort
 from workbench.domains.eeg.readers import EegWindows
 from workbench.models.eeg import LabramClassifier
 
@@ -56,6 +64,10 @@ PRETRAIN_SEED = 7
 MASK_RATIO = 0.5
 #: Subjects of the corpus held out for validation.
 VAL_SUBJECTS = 2
+#: What the decoder predicts (`MaskedPatchModel`): ``patch`` each masked patch's samples and log-amplitude spectrum;
+#: ``spectrum`` the log-amplitude spectrum alone, of every patch (masked ones from their context, visible ones from
+#: themselves) — a phase-free target that makes each token carry its patch's band power (what motor imagery reads).
+TARGETS = ("patch", "spectrum")
 
 
 def random_mask(batch: int, n_tokens: int, ratio: float, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -84,14 +96,20 @@ class MaskedPatchModel(nn.Module):
         patch_size // 2 + 1)
     """
 
-    def __init__(self, encoder: LabramClassifier, time_scale: float = 1.0, amplitude_scale: float = 1.0):
+    def __init__(
+        self, encoder: LabramClassifier, time_scale: float = 1.0, amplitude_scale: float = 1.0, target: str = "patch"
+    ):
         super().__init__()
+        if target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
         self.encoder = encoder
+        self.target = target
         self.patch_size = encoder.architecture["patch_size"]
         self.n_patches = encoder.architecture["n_times"] // self.patch_size
         width = encoder.labram.cls_token.shape[-1]
         self.mask_token = nn.Parameter(nn.init.trunc_normal_(torch.empty(width), std=0.02))
-        self.decoder = nn.Linear(width, self.patch_size + self.patch_size // 2 + 1)
+        samples = self.patch_size if target == "patch" else 0
+        self.decoder = nn.Linear(width, samples + self.patch_size // 2 + 1)
         self.register_buffer("scales", torch.tensor([float(time_scale), float(amplitude_scale)]))
 
     def forward(self, eeg: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -111,13 +129,19 @@ class MaskedPatchModel(nn.Module):
         return self.decoder(tokens)
 
     def targets(self, eeg: torch.Tensor) -> torch.Tensor:
-        """Each channel-patch's scaled samples and log-amplitude spectrum (batch, n_tokens, target width)."""
+        """Each channel-patch's scaled samples (``patch`` target only) and log-amplitude spectrum (batch, n_tokens,
+        target width)."""
         samples, amplitude = patch_parts(eeg, self.patch_size)
+        if self.target == "spectrum":
+            return amplitude / self.scales[1]
         return torch.cat([samples / self.scales[0], amplitude / self.scales[1]], dim=-1)
 
     def loss(self, eeg: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Mean squared error of the predictions over the masked patches."""
+        """Mean squared error of the predictions over the masked patches (``patch``), or over every patch with the
+        masked and the visible ones weighted equally (``spectrum``)."""
         error = (self(eeg, mask) - self.targets(eeg)).pow(2).mean(dim=-1)
+        if self.target == "spectrum":
+            return 0.5 * (error[mask].mean() + error[~mask].mean())
         return error[mask].mean()
 
 
@@ -142,28 +166,52 @@ def _corpus(windows: EegWindows, scaling: str, description: str) -> Corpus:
     return Corpus(signals[~val], signals[val], windows, description, scaling)
 
 
-def sleep_corpus(work: Path, scaling: str, subjects: int = 20, progress: bool = False) -> Corpus:
-    """20 generated nights (seed `PRETRAIN_SEED`) read as the ``sleepedf`` task reads Sleep-EDF."""
-    from workbench.domains.eeg.generate import generate_sleep_edf
+def sleep_corpus(
+    work: Path, scaling: str, subjects: int = 20, progress: bool = False, cohort: SleepCohort | None = None
+) -> Corpus:
+    """20 generated nights (seed `PRETRAIN_SEED`; ``cohort``: their configuration, default the embedded set's) read
+    as the ``sleepedf`` task reads Sleep-EDF."""
+    from workbench.domains.eeg.generate import DEFAULT_SLEEP_COHORT, generate_sleep_edf
     from workbench.domains.eeg.sleepedf import SLEEP_EDF_CHANNELS, read_sleep_edf
 
-    root = generate_sleep_edf(work / "sleep", seed=PRETRAIN_SEED, subjects=subjects, progress=progress)
+    cohort = cohort or DEFAULT_SLEEP_COHORT
+    root = generate_sleep_edf(work / "sleep", seed=PRETRAIN_SEED, subjects=subjects, cohort=cohort, progress=progress)
     windows = read_sleep_edf(root, channels=SLEEP_EDF_CHANNELS, on_error="raise")
     text = f"{subjects} generated Sleep-EDF nights (seed {PRETRAIN_SEED}), {len(windows)} epochs of 30 s"
+    if cohort != DEFAULT_SLEEP_COHORT:
+        text += f", generator configuration {cohort}"
     return _corpus(windows, scaling, text)
 
 
-def motor_corpus(work: Path, scaling: str, subjects: int = 24, progress: bool = False) -> Corpus:
-    """24 generated EEGMMIDB subjects (seed `PRETRAIN_SEED`, imagery runs 4, 6, 8, 10), every window incl. rest."""
-    from workbench.domains.eeg.generate import generate_motor_imagery
+def motor_corpus(
+    work: Path,
+    scaling: str,
+    subjects: int = 24,
+    progress: bool = False,
+    runs: Sequence[int] = (4, 6, 8, 10),
+    trials_per_run: int = 6,
+    difficulty: float | None = None,
+) -> Corpus:
+    """24 generated EEGMMIDB subjects (seed `PRETRAIN_SEED`, imagery runs 4, 6, 8, 10 of 6 trials, the generator's
+    default difficulty unless given), every window incl. rest."""
+    from workbench.domains.eeg.generate import DEFAULT_DIFFICULTY, generate_motor_imagery
     from workbench.domains.eeg.motor import read_eegmmidb
     from workbench.domains.eeg.task import SENSORIMOTOR_CHANNELS
 
+    difficulty = DEFAULT_DIFFICULTY if difficulty is None else difficulty
     root = generate_motor_imagery(
-        work / "motor", seed=PRETRAIN_SEED, subjects=subjects, runs=(4, 6, 8, 10), progress=progress
+        work / "motor",
+        seed=PRETRAIN_SEED,
+        subjects=subjects,
+        runs=runs,
+        trials_per_run=trials_per_run,
+        difficulty=difficulty,
+        progress=progress,
     )
     windows = read_eegmmidb(root, rest=True, channels=SENSORIMOTOR_CHANNELS, on_error="raise")
     text = f"{subjects} generated EEGMMIDB subjects (seed {PRETRAIN_SEED}), {len(windows)} windows of 4 s"
+    if (tuple(runs), trials_per_run, difficulty) != ((4, 6, 8, 10), 6, DEFAULT_DIFFICULTY):
+        text += f" (runs {tuple(runs)} of {trials_per_run} trials, difficulty {difficulty})"
     return _corpus(windows, scaling, text)
 
 
@@ -177,9 +225,11 @@ def pretrain_labram(
     device: str = "cpu",
     progress: bool = False,
     label: str = "pretrain",
+    target: str = "patch",
     **architecture: Any,
 ) -> dict[str, float]:
-    """Pretrain a fresh `LabramClassifier` of the corpus' sizes and write its backbone to ``out``.
+    """Pretrain a fresh `LabramClassifier` of the corpus' sizes and write its backbone to ``out``; ``target`` is the
+    decoder's (`TARGETS`).
 
     Returns the validation loss of the masked patches before and after (the fresh model's and the saved one's).
     """
@@ -196,7 +246,7 @@ def pretrain_labram(
     )
     patch_size = encoder.architecture["patch_size"]
     samples, amplitude = patch_parts(torch.as_tensor(corpus.train), patch_size)
-    model = MaskedPatchModel(encoder, float(samples.std()), float(amplitude.std())).to(device)
+    model = MaskedPatchModel(encoder, float(samples.std()), float(amplitude.std()), target).to(device)
 
     def loss(model: MaskedPatchModel, batch: torch.Tensor, training: bool) -> torch.Tensor:
         generator = None if training else torch.Generator().manual_seed(seed)
@@ -226,6 +276,7 @@ def pretrain_labram(
         "scaling": corpus.scaling,
         "epochs": str(epochs),
         "seed": str(seed),
+        "target": target,
         "architecture": json.dumps({k: v for k, v in encoder.architecture.items() if k != "n_outputs"}),
         "val_masked_mse_before": f"{before:.4f}",
         "val_masked_mse_after": f"{after:.4f}",
