@@ -11,8 +11,9 @@ As plain PyTorch: `apply` freezes a model but its target weights, whose gradient
 entries (so Adam, without weight decay, moves those entries alone), and `update_masks` re-chooses the masks from the
 current weights and, given the optimiser, drops the Adam moments of the entries that leave the mask (the authors'
 sparse Adam keeps moments for masked entries only; entries that join start from zero moments). `remove` takes the
-hooks and masks away. A workbench method around these (options, re-choice every ``update_interval`` steps inside the
-trainer, registration) is not built yet.
+hooks and masks away. The workbench method ``lift`` (`LIFT`) runs them inside the trainer: it re-chooses the masks
+every ``update_interval`` optimiser steps through its stage's per-step hook and drops the moments that left at the
+next optimiser step.
 
 Example::
 
@@ -27,13 +28,19 @@ Shapes:
 
 from __future__ import annotations
 
-from typing import Sequence
+import functools
+from typing import Any, Sequence
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from workbench.adaptation.lora.model import target_names
 
 from workbench.errors import UserError
+from workbench.method import Method, PlanInputs, Stage
+from workbench.model import require
+from workbench.options import Option
+from workbench.registry import methods
 
 #: The attribute of a model `apply` made: ``{module name: (rank, count, hook handle)}``.
 STATE = "_lift"
@@ -121,11 +128,20 @@ def update_masks(model: nn.Module, optimizer: torch.optim.Optimizer | None = Non
         mask = principal_mask(module.weight, rank, count)
         kept[name] = float((mask & module.lift_mask).sum()) / count
         module.lift_mask.copy_(mask)
-        moments = optimizer.state.get(module.weight, {}) if optimizer is not None else {}
+    if optimizer is not None:
+        mask_moments(model, optimizer)
+    return kept
+
+
+def mask_moments(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Zero the Adam moments ``exp_avg`` / ``exp_avg_sq`` of every target weight's entries outside its mask (the
+    authors' sparse Adam holds moments for masked entries only)."""
+    for name in getattr(model, STATE, {}):
+        module = model.get_submodule(name)
+        moments = optimizer.state.get(module.weight, {})
         for key in ("exp_avg", "exp_avg_sq"):
             if key in moments:
-                moments[key].mul_(mask)
-    return kept
+                moments[key].mul_(module.lift_mask)
 
 
 def remove(model: nn.Module) -> nn.Module:
@@ -136,3 +152,111 @@ def remove(model: nn.Module) -> nn.Module:
     if hasattr(model, STATE):
         delattr(model, STATE)
     return model
+
+
+HEAD_CHOICES = ("train", "frozen")
+
+
+@methods.register
+class LIFT(Method):
+    """LIFT (Liu et al., ICML 2025): sparse fine-tuning of each target weight's principal entries; the model's head
+    trains in full (``--head train``, default) or stays frozen.
+
+    `prepare`: `apply` with ``rank`` (the authors' ``filter_rank``) and ``budget_rank`` (the authors' ``lora_rank``:
+    each mask holds as many entries as a LoRA of that rank has parameters, `lora_budget`) on the model's declared
+    target groups (or ``targets``). Training: the stage's per-step hook re-chooses every mask from the current weights
+    at global steps ``update_interval``, ``2·update_interval``, … (before that step's gradient, as the authors'
+    ``update_interval``; they use 400, and 10 for Llama-3.2-3B), and the Adam moments of entries that left a mask are
+    zeroed just before the next optimiser step (a one-shot optimiser step pre-hook: the trainer's optimiser is not
+    handed to methods). A resumed run re-chooses its masks at its first step (the masks are not in the checkpoint).
+    The saved state is the target weights whole (their masked entries moved) and the head; `merge` takes the hooks
+    away (the weights already hold the update). Runs with weight decay are refused (decay moves every entry).
+    """
+
+    name = "lift"
+    description = "LIFT: sparse fine-tuning of the principal weights (top entries of a rank-r approximation)"
+    needs_model = ("adapter_target_groups",)
+    learning_rate = 2e-4  # the authors' rate for Llama-3.2 / Llama-2 (math)
+    options = (
+        Option("rank", int, 8, "rank of the approximation the principal weights are chosen from (filter rank)"),
+        Option("budget_rank", int, 16, "each mask holds as many entries as a LoRA of this rank has parameters"),
+        Option("update_interval", int, 400, "re-choose the masks every this many optimiser steps"),
+        Option(
+            "targets",
+            str,
+            "",
+            "comma-separated target group names of the model or fnmatch patterns over module names "
+            "(default: every group the model declares)",
+        ),
+        Option("head", str, "train", "train the model's head in full, or keep it frozen", choices=HEAD_CHOICES),
+    )
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        interval = self.config["update_interval"]
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise UserError(f"method 'lift': option --update-interval must be a positive integer, got {interval!r}")
+        self._first_step = True
+
+    def _targets(self) -> list[str] | None:
+        return [entry.strip() for entry in self.config["targets"].split(",") if entry.strip()] or None
+
+    def check(self, task, data, model: nn.Module) -> None:
+        """The model declares target groups (and a head with ``--head train``); the targets exist."""
+        super().check(task, data, model)
+        if self.config["head"] == "train":
+            require(model, self.name, "head")
+        target_names(model, self._targets())
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        apply(model, self._targets(), self.config["rank"], self.config["budget_rank"])
+        if self.config["head"] == "train":
+            head = require(model, self.name, "head").head
+            targets = {f"{name}.weight" for name in getattr(model, STATE)}
+            for name, p in model.get_submodule(head).named_parameters(prefix=head):
+                if name in targets:
+                    remove(model)
+                    raise UserError(
+                        f"method 'lift': target '{name.removesuffix('.weight')}' is in the head '{head}', which "
+                        "--head train trains in full; use --head frozen or leave it out of --targets"
+                    )
+                p.requires_grad_(True)
+        self._first_step = True
+        return model
+
+    def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
+        if inputs.settings.weight_decay:
+            raise UserError(
+                f"method 'lift': weight decay ({inputs.settings.weight_decay}) would move the entries outside the "
+                "principal masks; train with weight decay 0"
+            )
+        loss = functools.partial(self.loss, task)
+        return [Stage("train", data.train, data.val, inputs.settings, loss, gradients=self.step_hook)]
+
+    def step_hook(self, model: nn.Module, batch: Any, step: int) -> None:
+        """Before global step ``step``: re-choose the masks at multiples of ``update_interval`` (and at the first step
+        of a resumed run), and zero the moments that left them at the coming optimiser step. Returns None: the
+        trainer takes the gradient of the loss as usual."""
+        first, self._first_step = self._first_step, False
+        if step == 0 or (step % self.config["update_interval"] and not first):
+            return None
+        update_masks(model)
+        handle = None
+
+        weights = {id(model.get_submodule(name).weight) for name in getattr(model, STATE)}
+
+        def drop_left_moments(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if any(id(p) in weights for group in optimizer.param_groups for p in group["params"]):
+                mask_moments(model, optimizer)
+                handle.remove()
+
+        handle = register_optimizer_step_pre_hook(drop_left_moments)
+        return None
+
+    def diagnostics(self, task, model: nn.Module, data) -> dict[str, float]:
+        """``principal_entries``: how many weight entries the masks let train (``trainable_parameters`` counts the
+        target weights whole)."""
+        return {"principal_entries": float(sum(count for _, count, _ in getattr(model, STATE, {}).values()))}
+
+    def merge(self, model: nn.Module) -> nn.Module:
+        return remove(model)

@@ -156,6 +156,7 @@ CASES = {
     "mixed-filters": ({}, graph_case("mixed")),
     "udagcn": ({}, graph_case("gcn")),
     "lora": ({"rank": 2, "alpha": 2.0}, ecg_case),
+    "lift": ({"rank": 2, "budget_rank": 1}, ecg_case),
     "htuning": ({"rank": 2, "alpha": 2.0}, ecg_case),
     "distill": ({"n_leads": 3}, ecg_case),
     "physiopfm": ({}, patch_gpt_case),

@@ -62,8 +62,16 @@ def apply_plugins(
         raise UserError("LoRA plug-ins: name at least one plug-in")
     configs = {
         name: LoraConfig(
-            targets, c.rank, c.alpha, c.dropout, experts=c.experts, compute=c.compute, kind=c.kind, init=c.init,
-            scaling=c.scaling, dora=c.dora,
+            targets,
+            c.rank,
+            c.alpha,
+            c.dropout,
+            experts=c.experts,
+            compute=c.compute,
+            kind=c.kind,
+            init=c.init,
+            scaling=c.scaling,
+            dora=c.dora,
         )
         for name, c in plugins.items()
     }
