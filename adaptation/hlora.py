@@ -22,8 +22,8 @@ Methods here (the same model, targets and stages; only what differs is named):
 - ``moelora``: the same experts as ``k`` separate LoRAs computed in a loop (MoELoRA) — the same function and
   parameter count, ``k`` matmul pairs per layer;
 - ``hlora-lora``: plain LoRA plug-ins of the same total rank (no router);
-- ``hlora-mixed``: H-LoRA trained in one stage on every sub-task with everything the three stages train, for three
-  times ``--epochs`` (HealthGPT's "mixed training" comparison).
+- ``hlora-mixed``: H-LoRA trained in one stage with everything the three stages train (HealthGPT's "mixed
+  training" comparison), as long as ``--updates`` says (`HLoRAMixed`).
 
 The learning rate of stage 3 (and of the mixed stage) is the run's, 1e-3 by default: HealthGPT trains H-LoRA at
 2e-4 on a 3.8B-parameter LM for whole epochs of VL-Health; the tiny model here gets a few epochs per stage.
@@ -43,6 +43,7 @@ tensor names (`workbench.adaptation.lora.save_plugin` / ``load_plugin``).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -66,6 +67,10 @@ log = logging.getLogger(__name__)
 #: The task kinds the two plug-ins serve.
 PLUGINS = ("comprehension", "generation")
 STAGES = ("align", "embed", "adapt")
+#: The parameter groups the stages train: vision adapters, word embeddings and LM head, and the two plug-ins.
+GROUPS = ("vision", "embed", *PLUGINS)
+#: How long the mixed stage of `HLoRAMixed` trains (``--updates``).
+MIXED_UPDATES = ("generation-matched", "comprehension-matched", "three-times")
 #: HealthGPT's alignment sub-tasks (captions, reconstruction): what ``--alignment-tasks auto`` takes where present.
 ALIGNMENT_TASKS = ("report", "reconstruct")
 
@@ -204,18 +209,57 @@ class _HeterogeneousLoRA(Method):
                                    self._names_of(model, "embed")),  # fmt: skip
             "adapt": lambda: Stage("adapt", data.train, data.val, settings, loss,
                                    self._names_of(model, "vision", "comprehension", "generation")),  # fmt: skip
-            # everything at once, for the three stages' epochs
-            "mixed": lambda: Stage("mixed", data.train, data.val, replace(settings, epochs=3 * settings.epochs), loss,
-                                   self._names_of(model, *self._groups)),  # fmt: skip
+            "mixed": lambda: self._mixed_stage(task, model, data, settings),
             "align": lambda: self._align_stage(task, model, data, settings),
         }
         plan = [stages[name]() for name in self.stage_names]
         if inputs.outputs is not None:
             plan[-1] = replace(plan[-1], on_end=partial(self.save_plugins, inputs.outputs))
+        self._plan = [(stage, self._groups_in(model, stage)) for stage in plan]
         return plan
+
+    def _groups_in(self, model: nn.Module, stage: Stage) -> tuple[str, ...]:
+        """The groups of `GROUPS` the model carries that ``stage`` trains."""
+        trainable = set(stage.trainable)
+        return tuple(g for g in GROUPS if self._groups[g] and self._names_of(model, g) <= trainable)
+
+    def updates(self, steps: Sequence[tuple[str, int]] | None = None) -> dict[str, int]:
+        """Optimizer updates each parameter group (`GROUPS`) takes in the last plan: from ``steps``, the
+        ``(stage name, optimizer steps)`` of each epoch a trainer ran (its history), or else as planned (every epoch
+        of every stage: ``ceil(records / batch size)`` steps, as `workbench.trainer.Trainer` takes them). These are
+        the steps a group trains in; a plug-in whose kind a batch lacks has no gradient there and Adam skips it, in
+        the three stages as in the mixed one."""
+        if steps is None:
+            steps = [(stage.name, math.ceil(len(stage.train) / stage.settings.batch_size))
+                     for stage, _ in self._plan for _ in range(stage.settings.epochs)]  # fmt: skip
+        trained = {stage.name: groups for stage, groups in self._plan}
+        counts = dict.fromkeys([g for g in GROUPS if self._groups[g]], 0)
+        for name, taken in steps:
+            for group in trained[name]:
+                counts[group] += taken
+        return counts
 
     def _align_stage(self, task, model: nn.Module, data, settings) -> Stage:
         """Stage 1: the vision adapters and the generation plug-in on the alignment sub-tasks."""
+        train, val = self._alignment_records(task, data)
+        settings = replace(settings, learning_rate=self.config["align_learning_rate"],
+                           batch_size=min(settings.batch_size, len(train)))  # fmt: skip
+        trained = self._names_of(model, "vision", "generation")
+        return Stage("align", train, val, settings, partial(self.loss, task), trained)
+
+    def _mixed_stage(self, task, model: nn.Module, data, settings) -> Stage:
+        """One stage of every group at the run's learning rate, on the records and for the epochs ``--updates``
+        names (`HLoRAMixed`)."""
+        updates = self.config["updates"]
+        train = data.train
+        if updates == "generation-matched":
+            train = [*self._alignment_records(task, data)[0], *data.train]
+        epochs = 3 * settings.epochs if updates == "three-times" else settings.epochs
+        trained = self._names_of(model, *GROUPS)
+        return Stage("mixed", train, data.val, replace(settings, epochs=epochs), partial(self.loss, task), trained)
+
+    def _alignment_records(self, task, data) -> tuple[list, list]:
+        """(training, validation) records of the alignment sub-tasks (validation: all of it where it holds none)."""
         present = task.sample_tasks(data.train)
         wanted = set(self._alignment_tasks(present))
         if self.config["alignment_tasks"] == "auto" and not wanted & set(ALIGNMENT_TASKS):
@@ -228,10 +272,7 @@ class _HeterogeneousLoRA(Method):
             )
         train = [s for s, t in zip(data.train, present) if t in wanted]
         val = [s for s, t in zip(data.val, task.sample_tasks(data.val)) if t in wanted] or data.val
-        settings = replace(settings, learning_rate=self.config["align_learning_rate"],
-                           batch_size=min(settings.batch_size, len(train)))  # fmt: skip
-        return Stage("align", train, val, settings, partial(self.loss, task), self._names_of(model, "vision",
-                                                                                              "generation"))
+        return train, val
 
     def save_plugins(self, folder: Path) -> None:
         """Each plug-in as its own file, ``<run>/<method>/<plug-in>.safetensors`` (`workbench.adaptation.lora.
@@ -241,10 +282,11 @@ class _HeterogeneousLoRA(Method):
             save_plugin(self._model, name, folder / f"{name}.safetensors")
 
     def diagnostics(self, task, model: nn.Module, data) -> dict[str, float]:
-        return {
-            f"plugin_parameters_{name}": float(sum(p.numel() for p in self._groups[name]))
-            for name in plugin_names(self._model)
-        }
+        """Each plug-in's parameter count and each group's planned optimizer updates (`updates`; a stage stopped
+        early takes fewer)."""
+        sizes = {f"plugin_parameters_{name}": float(sum(p.numel() for p in self._groups[name]))
+                 for name in plugin_names(self._model)}  # fmt: skip
+        return {**sizes, **{f"updates_{group}": float(count) for group, count in self.updates().items()}}
 
 
 @methods.register
@@ -269,6 +311,40 @@ class HLoRAPlainLoRA(_HeterogeneousLoRA):
 
 @methods.register
 class HLoRAMixed(_HeterogeneousLoRA):
+    """H-LoRA trained in one mixed stage: the vision adapters, word embeddings, LM head and both plug-ins at once,
+    at the run's learning rate (HealthGPT's "mixed training" beside its three stages).
+
+    In one stage every trained group takes every optimizer step, while the three stages (``E = --epochs`` each,
+    ``S`` steps per epoch on every training record, ``A`` on the alignment records) give the vision adapters and
+    the generation plug-in ``E·(A + S)`` updates but the comprehension plug-in and the embeddings ``E·S``: one
+    stage can match one of the two counts, never both. ``--updates`` says which (`updates` counts them):
+
+    - ``generation-matched`` (default): the records of stages 1 and 3 together (every record, plus the alignment
+      records once more), shuffled into one stage of ``E`` epochs: the vision adapters and the generation plug-in
+      take the three stages' updates (to one step per epoch, from the batch rounding), the comprehension plug-in
+      and the embeddings ``(A + S) / S`` times theirs. No group takes fewer updates than in the three stages.
+    - ``comprehension-matched``: every record, ``E`` epochs: the comprehension plug-in and the embeddings take the
+      three stages' updates, the vision adapters and the generation plug-in ``S / (A + S)`` of theirs. No group
+      takes more.
+    - ``three-times``: every record, ``3·E`` epochs (the comparison before issue 26): every group takes ``3·E·S``,
+      ``3·S / (A + S)`` to 3 times the three stages' updates (2.4–3 on the embedded data, where ``A ≈ S / 4``).
+
+    Not equal in any of them: the total optimizer steps (the three stages take ``E·(A + 2·S)``, the mixed stage
+    ``E·(A + S)``, ``E·S`` or ``3·E·S``) and the learning rates (the mixed stage takes the run's throughout).
+    """
+
     name = "hlora-mixed"
-    description = "H-LoRA trained in one mixed stage (everything at once, three times the epochs)"
+    description = "H-LoRA trained in one mixed stage (everything at once; --updates: how long)"
     stage_names = ("mixed",)
+    options = (
+        *_HeterogeneousLoRA.options,
+        Option(
+            "updates",
+            str,
+            MIXED_UPDATES[0],
+            "length of the mixed stage: generation-matched (the vision adapters and generation plug-in take the "
+            "three stages' optimizer updates, the rest more), comprehension-matched (the comprehension plug-in and "
+            "embeddings take theirs, the rest fewer), three-times (every record for 3 x --epochs)",
+            choices=MIXED_UPDATES,
+        ),
+    )
