@@ -1,7 +1,7 @@
 """LoRA for every non-equivariant model: config, layer and model sides, as HF PEFT's ``tuners/lora``.
 
 Paper: Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022 (with PEFT's options rsLoRA,
-PiSSA and DoRA: `workbench.adaptation.lora.config`). Each target ``nn.Linear``,
+PiSSA and DoRA, and RepLoRA and Flat-LoRA: `workbench.adaptation.lora.config`). Each target ``nn.Linear``,
 ``nn.Conv1d`` or ``nn.Conv2d`` becomes a `LoraLayer` computing ``W x + b + (alpha / r) · B A dropout(x)``, with
 PEFT's parameter names and file layout, so adapters move between the workbench and PEFT. One layer holds several
 named adapters (PEFT's ``lora_A[name]``), each of a kind: plain LoRA, H-LoRA's token-routed fused experts, or
@@ -14,6 +14,7 @@ MoELoRA's looped experts.
 - `apply_plugins`, `active_plugin`, `save_plugin`, `load_plugin`: named adapters chosen by task kind (HealthGPT's
   heterogeneous H-LoRA / MoELoRA / LoRA plug-ins) (`workbench.adaptation.lora.plugins`);
 - `LoraConfig`, `AdapterConfig` (= ``PluginConfig``), `conv_rule_rank` (`workbench.adaptation.lora.config`);
+- `flat`: Flat-LoRA's seeded perturbations of the merged weights (`workbench.adaptation.lora.flat`);
 - `LoadReport`, and the adapter-file helpers ELoRA shares (`workbench.adaptation.lora.io`);
 - the workbench method ``lora`` (`workbench.adaptation.lora.method.LoRA`).
 
@@ -29,6 +30,8 @@ from workbench.adaptation.lora.config import (
     CONV_RANKS,
     INITS,
     KINDS,
+    OBJECTIVES,
+    REPARAMS,
     SCALINGS,
     AdapterConfig,
     LoraConfig,
@@ -72,6 +75,8 @@ __all__ = [
     "DEFAULT",
     "INITS",
     "KINDS",
+    "OBJECTIVES",
+    "REPARAMS",
     "SCALINGS",
     "SUPPORTED",
     "AdapterConfig",

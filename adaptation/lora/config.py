@@ -34,6 +34,18 @@ Options of plain LoRA adapters (each as HF PEFT's, which the tests check against
   triplets of one full fine-tuning gradient (the ``lora`` method does so before training);
 * ``dora`` (Liu et al., "DoRA: Weight-Decomposed Low-Rank Adaptation", ICML 2024; PEFT's ``use_dora``): a trained
   magnitude per output unit times the direction ``(W + scale · B A) / ||W + scale · B A||`` (norm per output row).
+
+Options not in PEFT (plain LoRA only; RepLoRA's adapter files carry no ``adapter_config.json``, PEFT having no such
+layer, while a Flat-LoRA adapter is a plain LoRA one that PEFT loads):
+
+* ``reparam`` (`REPARAMS`): ``"none"`` or ``"replora"`` (Truong et al., "RepLoRA: Reparameterizing Low-Rank Adaptation
+  via the Perspective of Mixture of Experts", ICML 2025): the factors the layer computes with come out of a light
+  MLP shared by ``A`` and ``B`` (`workbench.adaptation.lora.layer`); not with ``init`` pissa / lora-one (they set the
+  factors themselves, which the MLP would change) nor ``dora``;
+* ``objective`` (`OBJECTIVES`, `LoraConfig` only: it is how the adapter trains, not what a layer computes):
+  ``"plain"`` or ``"flat-lora"`` (Li et al., "Flat-LoRA: Low-Rank Adaptation over a Flat Loss Landscape", ICML 2025):
+  the loss at the merged weights perturbed by seeded random noise of relative size ``flat_sigma``
+  (`workbench.adaptation.lora.flat`).
 """
 
 from __future__ import annotations
@@ -57,6 +69,10 @@ KINDS = ("lora", "hlora", "moelora")
 INITS = ("kaiming", "pissa", "lora-one")
 #: ``scaling`` choices: ``alpha / r`` and rsLoRA's ``alpha / sqrt(r)``.
 SCALINGS = ("standard", "rslora")
+#: ``reparam`` choices: the factors as they are, or RepLoRA's MLP of them.
+REPARAMS = ("none", "replora")
+#: ``objective`` choices: the loss, or Flat-LoRA's expected loss over random perturbations of the merged weights.
+OBJECTIVES = ("plain", "flat-lora")
 #: ``conv_rank`` choices: ``"peft"`` (convolutions take ``rank`` like every target), ``"rule"`` (`conv_rule_rank`).
 CONV_RANKS = ("peft", "rule")
 
@@ -110,6 +126,7 @@ class AdapterConfig:
         init: ``"kaiming"`` (default) or ``"pissa"`` (`INITS`; see the module doc); plain LoRA only.
         scaling: ``"standard"`` (default, ``alpha / r``) or ``"rslora"`` (``alpha / sqrt(r)``); plain LoRA only.
         dora: DoRA's magnitude and direction (default False); plain LoRA only.
+        reparam: ``"none"`` (default) or ``"replora"`` (`REPARAMS`); plain LoRA only, not with PiSSA, LoRA-One or DoRA.
     """
 
     rank: int
@@ -121,6 +138,7 @@ class AdapterConfig:
     init: str = "kaiming"
     scaling: str = "standard"
     dora: bool = False
+    reparam: str = "none"
 
     def __post_init__(self) -> None:
         if self.kind is None:
@@ -143,8 +161,16 @@ class AdapterConfig:
             raise UserError(f"LoRA scaling must be one of {SCALINGS}, got {self.scaling!r}")
         if not isinstance(self.dora, bool):
             raise UserError(f"LoRA dora must be true or false, got {self.dora!r}")
+        if self.reparam not in REPARAMS:
+            raise UserError(f"LoRA reparam must be one of {REPARAMS}, got {self.reparam!r}")
+        if self.reparam == "replora" and (self.init != "kaiming" or self.dora):
+            other = f"init={self.init!r}" if self.init != "kaiming" else "dora=True"
+            raise UserError(
+                f"LoRA reparam='replora' with {other} is not defined (RepLoRA's MLP would change the factors that "
+                "option sets or rescales); use reparam='none' or init='kaiming' without dora"
+            )
         if self.kind != "lora":
-            for name, default in (("init", "kaiming"), ("scaling", "standard"), ("dora", False)):
+            for name, default in (("init", "kaiming"), ("scaling", "standard"), ("dora", False), ("reparam", "none")):
                 if getattr(self, name) != default:
                     raise UserError(
                         f"LoRA {name}={getattr(self, name)!r} is an option of plain LoRA adapters, not of {self.kind} "
@@ -212,6 +238,10 @@ class LoraConfig:
         init: ``"kaiming"`` (default, PEFT's) or ``"pissa"`` (`INITS`; see the module doc).
         scaling: ``"standard"`` (default, ``alpha / r``) or ``"rslora"`` (``alpha / sqrt(r)``).
         dora: DoRA (default False).
+        reparam: ``"none"`` (default) or ``"replora"`` (RepLoRA's MLP of the factors).
+        objective: ``"plain"`` (default) or ``"flat-lora"`` (Flat-LoRA's expected loss over perturbed merged weights;
+            plain LoRA only).
+        flat_sigma: Flat-LoRA's relative noise size ``σ`` (default 0.05, the authors' ``rho``), ≥ 0.
     """
 
     targets: tuple[str, ...] | None = None
@@ -227,6 +257,9 @@ class LoraConfig:
     init: str = "kaiming"
     scaling: str = "standard"
     dora: bool = False
+    reparam: str = "none"
+    objective: str = "plain"
+    flat_sigma: float = 0.05
 
     def __post_init__(self) -> None:
         if isinstance(self.targets, str):
@@ -243,11 +276,34 @@ class LoraConfig:
         if self.conv_rank not in CONV_RANKS:
             raise UserError(f"LoRA conv_rank must be one of {CONV_RANKS}, got {self.conv_rank!r}")
         object.__setattr__(self, "kind", self.adapter(self.rank).kind)  # checks the adapter's fields
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"LoRA objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if (
+            isinstance(self.flat_sigma, bool)
+            or not isinstance(self.flat_sigma, (int, float))
+            or not self.flat_sigma >= 0
+        ):
+            raise UserError(f"LoRA flat_sigma must be a number >= 0, got {self.flat_sigma!r}")
+        object.__setattr__(self, "flat_sigma", float(self.flat_sigma))
+        if self.objective != "plain" and self.kind != "lora":
+            raise UserError(
+                f"LoRA objective={self.objective!r} is an option of plain LoRA adapters, not of {self.kind} adapters; "
+                "leave objective at 'plain'"
+            )
 
     def adapter(self, rank: int) -> AdapterConfig:
         """The `AdapterConfig` of a target of rank ``rank`` (`rank_of`)."""
         return AdapterConfig(
-            rank, self.alpha, self.experts, self.kind, self.dropout, self.compute, self.init, self.scaling, self.dora
+            rank,
+            self.alpha,
+            self.experts,
+            self.kind,
+            self.dropout,
+            self.compute,
+            self.init,
+            self.scaling,
+            self.dora,
+            self.reparam,
         )
 
     def rank_of(self, name: str, module: nn.Module) -> int:

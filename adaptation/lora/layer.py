@@ -53,6 +53,21 @@ Initialisation (``init``) as PEFT's; every adapter starts as the identity:
 
 Dropout acts on the adapter's input only; the base path never sees it.
 
+RepLoRA (``reparam="replora"``; Truong et al., ICML 2025, "RepLoRA: Reparameterizing Low-Rank Adaptation via the
+Perspective of Mixture of Experts"): the factors the layer computes with are the output of a light MLP of trained
+free factors. This workbench's reading of the paper's abstract ("a lightweight MLP to reparameterize the LoRA
+matrices"; the paper's width, activation and sharing were not available to check): one MLP per adapter over the
+rank axis, its first layer ``H (r, r)`` shared by both factors, its output layers ``P_A, P_B (r, r)`` their own, no
+biases, GELU between (``Â``, ``B̂`` the free factors ``lora_A[name].weight``, ``lora_B[name].weight``, flattened to
+``(r, in·K)`` and ``(out, r)``)::
+
+    A = P_A gelu(H Â),        B = gelu(B̂ Hᵀ) P_Bᵀ,        ΔW = scale · B A
+
+``Â`` and ``B̂`` start as the ``"kaiming"`` init (``B̂ = 0``, so ``B = 0``: the identity at start), ``H``, ``P_A``,
+``P_B`` Kaiming-uniform; the MLP is ``lora_reparam[name]`` (``hidden``, ``A``, ``B``: ``3 r²`` parameters a layer,
+saved with the adapter). `merge` adds ``ΔW`` of the MLP's factors, so the merged model carries no MLP (no cost at
+inference).
+
 Scaling (``scaling``): ``scale = alpha / r`` or rsLoRA's ``alpha / sqrt(r)`` (PEFT's ``use_rslora``).
 
 DoRA (``dora``; Liu et al., ICML 2024; PEFT's ``use_dora``): a trained magnitude ``m`` (one value per output unit,
@@ -100,7 +115,7 @@ SUPPORTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
 #: The adapter name `LoraLayer` and `workbench.adaptation.lora.apply` use when none is given (PEFT's).
 DEFAULT = "default"
 #: The per-adapter containers of a layer, in registration (and file) order.
-CONTAINERS = ("lora_A", "lora_B", "lora_route", "lora_magnitude_vector")
+CONTAINERS = ("lora_A", "lora_B", "lora_route", "lora_reparam", "lora_magnitude_vector")
 
 
 class AdapterDict(nn.ModuleDict):
@@ -125,6 +140,24 @@ class Magnitude(nn.Module):
     def __init__(self, shape: tuple[int, ...], like: torch.Tensor):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(shape, dtype=like.dtype, device=like.device))
+
+
+class Reparam(nn.Module):
+    """RepLoRA's MLP of one adapter's free factors (module doc): ``hidden`` shared, ``A`` and ``B`` per factor, each
+    a bias-free ``(r, r)`` linear layer."""
+
+    def __init__(self, rank: int, like: torch.Tensor):
+        super().__init__()
+        factory = {"dtype": like.dtype, "device": like.device}
+        self.hidden, self.A, self.B = (skip_init(nn.Linear, rank, rank, bias=False, **factory) for _ in range(3))
+
+    def factors(self, free_a: torch.Tensor, free_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A, B)`` in the free factors' shapes: ``A = P_A gelu(H Â)``, ``B = gelu(B̂ Hᵀ) P_Bᵀ``.
+
+        Shapes: free_a (r, in, *kernel), free_b (out, r, *ones) → the same."""
+        a = self.A(F.gelu(self.hidden(free_a.flatten(1).T))).T
+        b = self.B(F.gelu(self.hidden(free_b.flatten(1))))
+        return a.reshape(free_a.shape), b.reshape(free_b.shape)
 
 
 class InitialFactors(nn.Module):
@@ -171,10 +204,14 @@ class LoraLayer(nn.Module):
         self.base_layer = base_layer
         self.lora_dropout = AdapterDict()
         self.lora_A, self.lora_B, self.lora_route = AdapterDict(), AdapterDict(), AdapterDict()
+        self.lora_reparam = AdapterDict()
         self.lora_magnitude_vector, self.pissa_factors = AdapterDict(), AdapterDict()
         self.adapters: dict[str, AdapterConfig] = {}
         self.active_adapters: tuple[str, ...] = ()
         self._merged_deltas: dict[str, torch.Tensor] = {}
+        #: Flat-LoRA's noise ``ε`` (the base weight's shape) while `workbench.adaptation.lora.flat.perturbed` holds it:
+        #: the layer then computes with ``W + ΔW + ε``; None otherwise.
+        self.perturbation: torch.Tensor | None = None
         if config is not None:
             self.add_adapter(name, config)
             self.set_adapter(name)
@@ -225,6 +262,8 @@ class LoraLayer(nn.Module):
             self.lora_route[name] = skip_init(
                 nn.Linear, base.in_features, config.experts, bias=False, dtype=weight.dtype, device=weight.device
             )
+        if config.reparam == "replora":
+            self.lora_reparam[name] = Reparam(config.rank, base.weight)
         if config.dora:
             out = base.weight.shape[0]
             shape = (out,) if isinstance(base, nn.Linear) else (1, out) + (1,) * (base.weight.dim() - 2)
@@ -259,6 +298,8 @@ class LoraLayer(nn.Module):
                 nn.init.zeros_(module.weight)
         if name in self.lora_route:
             nn.init.kaiming_uniform_(self.lora_route[name].weight, a=math.sqrt(5))
+        for module in self.lora_reparam[name].children() if name in self.lora_reparam else ():
+            nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))
 
     def _pissa(self, name: str) -> None:
         """PiSSA (module doc): ``A``, ``B`` from the top-r SVD of ``W``, kept in ``pissa_factors``, and
@@ -361,7 +402,7 @@ class LoraLayer(nn.Module):
         if config.dora:
             return self._dora_update(name, x, base)
         if config.kind == "lora":
-            return b(a(dropout(x))) * config.scale
+            return self._factor_forward(name, dropout(x)) * config.scale
         gates = torch.softmax(self.lora_route[name](x), dim=-1)
         if config.kind == "hlora":
             gates = gates.repeat_interleave(config.rank // config.experts, dim=-1)
@@ -386,8 +427,22 @@ class LoraLayer(nn.Module):
         elif layer.bias is not None:
             base = base - layer.bias.view(channel)
         factor = factor.view(channel)
-        lora = self.lora_B[name](self.lora_A[name](dropped))
+        lora = self._factor_forward(name, dropped)
         return (factor - 1) * base + factor * lora * config.scale
+
+    def _factor_weights(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``(A, B)`` plain adapter ``name`` computes with: its factors, or RepLoRA's MLP of them."""
+        a, b = self.lora_A[name].weight, self.lora_B[name].weight
+        return self.lora_reparam[name].factors(a, b) if name in self.lora_reparam else (a, b)
+
+    def _factor_forward(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """``B (A x)`` of plain adapter ``name`` (unscaled), by the factors' own layers (their convolution settings)."""
+        if name not in self.lora_reparam:
+            return self.lora_B[name](self.lora_A[name](x))
+        a, b = self._factor_weights(name)
+        if isinstance(self.base_layer, nn.Linear):
+            return F.linear(F.linear(x, a), b)
+        return self.lora_B[name]._conv_forward(self.lora_A[name]._conv_forward(x, a, None), b, None)
 
     def _acting(self) -> list[str]:
         """The active adapters not merged into the base weight: those the forward adds."""
@@ -413,6 +468,11 @@ class LoraLayer(nn.Module):
         for name in acting:
             if name not in by_weight:
                 out = out + self.update(name, x, base)
+        if self.perturbation is not None:
+            if isinstance(self.base_layer, nn.Linear):
+                out = out + F.linear(x, self.perturbation)
+            else:
+                out = out + self.base_layer._conv_forward(x, self.perturbation, None)
         return out
 
     @property
@@ -420,7 +480,8 @@ class LoraLayer(nn.Module):
         """The weight the layer computes with, ``W + Σ ΔW`` over the acting adapters, for models that read
         ``module.weight`` and call ``F.linear`` / ``F.conv*`` themselves (braindecode's ``Labram`` does so for its
         fused ``qkv``): the update then acts in weight space there. An input-dependent update (routed experts) or
-        active adapter dropout cannot act in weight space: reading the weight then is refused."""
+        active adapter dropout cannot act in weight space: reading the weight then is refused. Flat-LoRA's
+        ``perturbation``, while set, is added too."""
         weight = self.base_layer.weight
         for name in self._acting():
             if self.adapters[name].routed or self._dropout_acts(name):
@@ -430,7 +491,7 @@ class LoraLayer(nn.Module):
                     "for this target, or leave it out of the targets"
                 )
             weight = weight + self.delta_weight(name)
-        return weight
+        return weight if self.perturbation is None else weight + self.perturbation
 
     @property
     def bias(self) -> torch.Tensor | None:
@@ -488,7 +549,7 @@ class LoraLayer(nn.Module):
 
     def _lora_weight(self, name: str) -> torch.Tensor:
         """``scale · B A`` of plain adapter ``name``."""
-        return self._product(name, self.lora_A[name].weight, self.lora_B[name].weight)
+        return self._product(name, *self._factor_weights(name))
 
     def _row_norm(self, lora_weight: torch.Tensor) -> torch.Tensor:
         """``||W + ΔW||`` of each output unit (over inputs and kernel), detached: shape ``(out,)``."""
@@ -548,6 +609,7 @@ class LoraLayer(nn.Module):
             f"{n}: {c.kind} r={c.rank} scale={c.scale:g}"
             + (f" init={c.init}" if c.init != "kaiming" else "")
             + (" dora" if c.dora else "")
+            + (f" reparam={c.reparam}" if c.reparam != "none" else "")
             for n, c in self.adapters.items()
         )
         return f"adapters={{{adapters}}}, active={list(self.active_adapters)}, merged={self.merged_adapters}"

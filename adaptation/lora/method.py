@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import nn
-from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, INITS, SCALINGS
+from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, INITS, OBJECTIVES, REPARAMS, SCALINGS
+from workbench.adaptation.lora.flat import perturbed, sigma_at
 from workbench.adaptation.lora.model import adapter_state, apply, init_lora_one, load_state, merge, target_names
 
-from workbench.method import Method
+from workbench.method import Method, PlanInputs, Stage
 from workbench.model import require
 from workbench.options import Option
 from workbench.registry import methods
+from workbench.trainer import distributed
 
 HEAD_CHOICES = ("train", "frozen")
 
@@ -38,6 +42,12 @@ class LoRA(Method):
     ``--init pissa``, ``--scaling rslora`` and ``--dora`` are PEFT's PiSSA, rsLoRA and DoRA (see
     `workbench.adaptation.lora.config`). ``--init lora-one`` sets the adapters in `setup`, before training, from the
     gradient of the task's loss over every training sample (`workbench.adaptation.lora.init_lora_one`, ``--gamma``).
+
+    ``--reparam replora`` computes with RepLoRA's MLP of the factors (`workbench.adaptation.lora.layer`).
+    ``--objective flat-lora`` trains on Flat-LoRA's loss (`workbench.adaptation.lora.flat`): each step's forward and
+    backward run at the merged weights perturbed by noise drawn from ``seed · 1_000_003 + step`` with
+    ``σ_t = flat_sigma (1 − cos(π t / T)) / 2`` over the run's ``T`` steps; validation and evaluation see the
+    unperturbed model. Its step fills the gradients itself, so fp16 loss scaling does not apply to it.
     """
 
     name = "lora"
@@ -90,6 +100,21 @@ class LoRA(Method):
         ),
         Option("dora", bool, False, "DoRA: a trained magnitude per output unit times the normalised adapted weight"),
         Option("gamma", float, 128.0, "LoRA-One's gamma: its factors are divided by sqrt(gamma) (--init lora-one)"),
+        Option(
+            "reparam",
+            str,
+            "none",
+            "'replora': the factors come out of a light MLP shared by A and B (RepLoRA); 'none': as they are",
+            choices=REPARAMS,
+        ),
+        Option(
+            "objective",
+            str,
+            "plain",
+            "'flat-lora': the loss at the merged weights perturbed by seeded noise (Flat-LoRA); 'plain': the loss",
+            choices=OBJECTIVES,
+        ),
+        Option("flat_sigma", float, 0.05, "Flat-LoRA's relative noise size sigma (the authors' rho)"),
     )
     #: Samples per forward pass while LoRA-One takes its full-batch gradient (the mean is over all of them).
     gradient_chunk = 32
@@ -120,17 +145,41 @@ class LoRA(Method):
             init=self.config["init"],
             scaling=self.config["scaling"],
             dora=self.config["dora"],
+            reparam=self.config["reparam"],
+            objective=self.config["objective"],
+            flat_sigma=self.config["flat_sigma"],
         )
 
     def setup(self, task, model: nn.Module, data, seed: int) -> None:
         """LoRA-One (``--init lora-one``): the adapters from the full-batch gradient of the task's loss (its eval
-        form) over the training samples, ``gradient_chunk`` samples per forward pass."""
+        form) over the training samples, ``gradient_chunk`` samples per forward pass. Keeps ``seed`` for Flat-LoRA's
+        noise."""
+        self._seed = seed
         if self.config["init"] != "lora-one":
             return
         device = next(model.parameters()).device
         chunks = [data.train[i : i + self.gradient_chunk] for i in range(0, len(data.train), self.gradient_chunk)]
         batches = ((task.collate(chunk, device), len(chunk)) for chunk in chunks)
         init_lora_one(model, lambda m, batch: task.loss(m, batch, False), batches, gamma=self.config["gamma"])
+
+    def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
+        """One stage; with ``--objective flat-lora`` its step is `flat_step`."""
+        stages = super().plan(task, model, data, inputs)
+        if self.config["objective"] != "flat-lora":
+            return stages
+        settings = inputs.settings
+        total = settings.epochs * -(-(len(data.train) // distributed()[1]) // settings.batch_size)
+        step = functools.partial(self.flat_step, task, total=total, seed=getattr(self, "_seed", settings.seed))
+        return [dataclasses.replace(stages[0], gradients=step)]
+
+    def flat_step(self, task, model: nn.Module, batch: Any, step: int, *, total: int, seed: int) -> torch.Tensor:
+        """Flat-LoRA's step ``step`` of ``total``: the task's training loss at perturbed merged weights (noise seed
+        ``seed · 1_000_003 + step``), backpropagated; returns the detached loss."""
+        sigma = sigma_at(self.config["flat_sigma"], step, total)
+        with perturbed(model, seed * 1_000_003 + step, sigma):
+            loss = task.loss(model, batch, True)
+        loss.backward()
+        return loss.detach()
 
     def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The adapter and the parameters trained in full by their file names (`adapter_state`: PEFT's, without the

@@ -70,6 +70,9 @@ def apply(
     init: str = "kaiming",
     scaling: str = "standard",
     dora: bool = False,
+    reparam: str = "none",
+    objective: str = "plain",
+    flat_sigma: float = 0.05,
 ) -> nn.Module:
     """Wrap ``model``'s target layers in `LoraLayer` s in place, freeze everything else and return the model.
 
@@ -95,6 +98,11 @@ def apply(
             triplets of each base weight, which is replaced by its residual; see `workbench.adaptation.lora.layer`).
         scaling: ``"standard"`` (default, ``alpha / r``) or ``"rslora"`` (``alpha / sqrt(r)``).
         dora: DoRA, a trained magnitude per output unit times the normalised adapted weight (default False).
+        reparam: ``"none"`` (default) or ``"replora"``: RepLoRA's shared MLP makes the factors the layers compute with
+            (see `workbench.adaptation.lora.layer`).
+        objective: ``"plain"`` (default) or ``"flat-lora"``: kept in the config for the trainer (Flat-LoRA's loss,
+            `workbench.adaptation.lora.flat`); the layers compute the same either way.
+        flat_sigma: Flat-LoRA's relative noise size (default 0.05).
 
     The adapter is named ``"default"`` (PEFT's name) and active. A model that already carries LoRA layers is refused
     (merge them first, or `add_adapter`); parametrizations of the model are left as they are. The `LoraConfig` is
@@ -113,6 +121,9 @@ def apply(
         init=init,
         scaling=scaling,
         dora=dora,
+        reparam=reparam,
+        objective=objective,
+        flat_sigma=flat_sigma,
     )
     return apply_config(model, config)
 
@@ -498,6 +509,8 @@ def peft_config_of(model: nn.Module, adapter: str = DEFAULT) -> tuple[dict | Non
     layers = {name: layer for name, layer in lora_layers(model).items() if adapter in layer.adapters}
     if config.kind != "lora":
         return None, f"routed experts ({config.kind}) are not a PEFT LoRA"
+    if config.reparam != "none":
+        return None, f"reparam={config.reparam!r} (RepLoRA's MLP of the factors) is not in PEFT"
     for name, layer in layers.items():
         base = layer.base_layer
         if isinstance(base, (nn.Conv1d, nn.Conv2d)) and (set(base.dilation) != {1} or base.padding_mode != "zeros"):

@@ -72,6 +72,7 @@ def apply_plugins(
             init=c.init,
             scaling=c.scaling,
             dora=c.dora,
+            reparam=c.reparam,
         )
         for name, c in plugins.items()
     }
