@@ -86,7 +86,7 @@ def test_a_resumed_run_rechooses_its_masks_at_its_first_step():
     assert torch.equal(model.fc.lift_mask, lift.principal_mask(before, 2, int(model.fc.lift_mask.sum())))
 
 
-def test_lift_refuses_weight_decay_a_head_target_and_a_bad_interval():
+def test_lift_refuses_weight_decay_and_a_bad_interval():
     method, model, _, _ = setup()
     settings = TrainSettings(epochs=1, batch_size=2, learning_rate=1e-3, seed=0, weight_decay=0.01)
 
