@@ -178,12 +178,13 @@ def series_sha256(series: np.ndarray, labels: np.ndarray) -> str:
     return digest.hexdigest()
 
 
-def save_bank(bank: Bank, path: str | Path) -> None:
-    """Write the bank as one safetensors file (atomically; see the module docstring)."""
+def save_bank(bank: Bank, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
+    """Write the bank as one safetensors file (atomically; see the module docstring), its factors as ``dtype``
+    (float16 halves the file; `load_bank` reads them back as float32)."""
     tensors: dict[str, torch.Tensor] = {}
     for i, entry in enumerate(bank.entries):
         for name, (a, b) in entry.factors.items():
-            tensors[f"{i}.A.{name}"], tensors[f"{i}.B.{name}"] = a, b
+            tensors[f"{i}.A.{name}"], tensors[f"{i}.B.{name}"] = a.to(dtype), b.to(dtype)
         tensors[f"{i}.prototypes"] = torch.as_tensor(entry.prototypes, dtype=torch.float32)
         tensors[f"{i}.counts"] = torch.as_tensor(entry.counts, dtype=torch.int64)
     metadata = {"bank": json.dumps({**bank.settings, "layers": bank.layers}),
@@ -204,7 +205,7 @@ def load_bank(path: str | Path) -> Bank:
     entries = []
     for i, record in enumerate(provenance):
         try:
-            factors = {name: (tensors[f"{i}.A.{name}"], tensors[f"{i}.B.{name}"]) for name in layers}
+            factors = {name: (tensors[f"{i}.A.{name}"].float(), tensors[f"{i}.B.{name}"].float()) for name in layers}
             entries.append(BankEntry(factors, tensors[f"{i}.prototypes"].numpy(), tensors[f"{i}.counts"].numpy(),
                                      record))  # fmt: skip
         except KeyError as missing:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -265,6 +265,8 @@ def fit_weight_generator(
     learning_rate: float = 4e-4,
     seed: int = 0,
     progress: bool = False,
+    checkpoints: Sequence[int] = (),
+    callback: Callable[[int, nn.Module], None] | None = None,
     **architecture,
 ) -> nn.Module:
     """A generator of ``kind`` ("diffusion" | "regressor") fitted on the bank ``weights (n, P)``, ``conditions
@@ -274,6 +276,8 @@ def fit_weight_generator(
     ``batch_size`` pairs (drawn without replacement, or with replacement when ``n < batch_size``), everything
     seeded by ``seed`` inside a forked RNG (the caller's global RNG is untouched). ``architecture`` goes to the
     model's constructor (``width``, ``depth``, ``chunk``, ... or ``hidden``). Trains on ``weights``' device.
+    ``callback(iterations_done, model)`` is called (model in eval mode, then back to training) after each of the
+    ``checkpoints`` iteration counts: how early stopping is chosen on held-out entries without refitting.
     """
     if kind not in GENERATORS:
         raise UserError(f"kind: expected one of {sorted(GENERATORS)}, found '{kind}'")
@@ -294,7 +298,7 @@ def fit_weight_generator(
         optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=WEIGHT_DECAY)
         model.train()
         bar = tqdm(range(iterations), desc=f"fit {kind} generator", disable=not progress)
-        for _ in bar:
+        for iteration in bar:
             if n < batch_size:
                 index = torch.randint(0, n, (batch_size,), device=weights.device)
             else:
@@ -305,6 +309,9 @@ def fit_weight_generator(
             optimizer.step()
             if progress:
                 bar.set_postfix(loss=f"{loss.item():.4f}")
+            if callback is not None and iteration + 1 in checkpoints:
+                callback(iteration + 1, model.eval())
+                model.train()
     return model.eval()
 
 

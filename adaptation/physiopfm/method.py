@@ -15,11 +15,12 @@ Stages (the chosen method writes each one's output to ``<run>/physiopfm/``):
 
 Baselines (same head, same adapters): ``physiopfm-none`` (the frozen backbone with the ETF head),
 ``physiopfm-mean`` (the mean of the bank's factors), ``physiopfm-nearest`` (the bank entry with the nearest
-descriptor) — both choosing from the entries the generator is fitted on (``--held-out`` leaves the same entries,
-drawn with the seed, out of every variant) — and ``physiopfm-local`` (the same LoRA trained by backprop on the
-site's labelled examples: the upper bound). Metrics of the site's adaptation itself: ``site_adaptation_seconds``
-and ``site_adaptation_memory_bytes`` (what the stage added to the process at its peak), beside
-``generator_fit_seconds`` and ``generator_fit_memory_bytes``.
+descriptor, or with ``--choose-by labelled_accuracy`` the entry whose forward passes score best on the site's
+labelled beats: the backprop-free selection baseline) — all choosing from the entries the generator is fitted on
+(``--held-out`` leaves the same entries, drawn with the seed, out of every variant) — and ``physiopfm-local`` (the
+same LoRA trained by backprop on the site's labelled examples: the upper bound). Metrics of the site's adaptation
+itself: ``site_adaptation_seconds`` and ``site_adaptation_memory_bytes`` (what the stage added to the process at its
+peak), beside ``generator_fit_seconds`` and ``generator_fit_memory_bytes``.
 """
 
 from __future__ import annotations
@@ -186,13 +187,38 @@ class _BankMethod(Method):
         """The site's descriptor → factors → written into the model's adapters (no gradient)."""
         prototypes, counts = self.site_prototypes(task, data, self.n_classes)
         self.site = {"prototypes": prototypes, "counts": counts, "descriptor": self.descriptor(prototypes, counts)}
-        vector = self.choose_factors(self.site["descriptor"], seed)
-        if not torch.isfinite(vector).all():
+        vectors = self.choose_factors(self.site["descriptor"], seed)
+        if vectors.ndim == 2:
+            vectors = vectors[self.best_on_labelled(task, model, data, vectors)]
+        if not torch.isfinite(vectors).all():
             raise UserError(f"method '{self.name}': the generated LoRA weights are not finite; not merged")
-        lora.set_adapter_weights(model, self.bank.factors_of(vector))
+        lora.set_adapter_weights(model, self.bank.factors_of(vectors))
 
     def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
+        """The factors (P,) for the site, or candidates (m, P) that `best_on_labelled` chooses from."""
         raise NotImplementedError
+
+    def best_on_labelled(self, task: "Task", model: nn.Module, data: "TaskData", candidates: torch.Tensor) -> int:
+        """Index of the candidate factors (m, P) whose model scores the highest balanced accuracy on the site's
+        labelled examples (train and validation), by forward passes only (the first of equals); its score goes to
+        ``selected_labelled_balanced_accuracy``."""
+        from workbench.metrics import balanced_accuracy
+
+        labelled = list(data.train) + list(data.val)
+        parameter = next(model.parameters())
+        series = torch.as_tensor(task.sample_inputs(labelled), dtype=parameter.dtype, device=parameter.device)
+        labels = task.batch_labels(task.collate(labelled, torch.device("cpu"))).numpy()
+        model.eval()
+        scores = []
+        with torch.no_grad():
+            for vector in candidates:
+                lora.set_adapter_weights(model, self.bank.factors_of(vector))
+                predicted = torch.cat([model(series[i : i + 512]).argmax(1) for i in range(0, len(series), 512)])
+                scores.append(balanced_accuracy(labels, predicted.cpu().numpy()))
+        best = int(np.argmax(scores))
+        self.diagnostics_.update({"selected_candidate": float(best), "candidates": float(len(scores)),
+                                  "selected_labelled_balanced_accuracy": float(scores[best])})  # fmt: skip
+        return best
 
     def plan(self, task: "Task", model: nn.Module, data: "TaskData", inputs: PlanInputs) -> list[Stage]:
         """No training stage: the factors were chosen in ``setup``."""
@@ -237,11 +263,26 @@ class BankMean(_BankMethod):
 
 @methods.register
 class BankNearest(_BankMethod):
+    """One bank entry, chosen by its descriptor's distance to the site's (default) or, with ``--choose-by
+    labelled_accuracy``, by forward passes (`best_on_labelled`): the backprop-free selection baseline."""
+
     name = "physiopfm-nearest"
-    description = "PhysioPFM's nearest-descriptor baseline: the bank entry whose descriptor is nearest the site's"
+    description = "PhysioPFM's bank-entry baselines: the entry of the nearest descriptor, or the best on labelled beats"
+    options = _BankMethod.options + (
+        Option(
+            "choose_by",
+            str,
+            "descriptor",
+            "how the bank entry is chosen: nearest descriptor, or the best "
+            "balanced accuracy on the site's labelled beats (forward passes only)",
+            choices=("descriptor", "labelled_accuracy"),
+        ),  # fmt: skip
+    )
 
     def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
         entries = self.used_entries()
+        if self.config["choose_by"] == "labelled_accuracy":
+            return torch.stack([entry.vector() for entry in entries])
         bank = np.stack([self.descriptor(e.prototypes, e.counts) for e in entries])
         nearest = int(np.argmin(((bank - descriptor) ** 2).sum(1)))
         self.diagnostics_["nearest_entry"] = float(self.fit_index[nearest])
@@ -262,10 +303,37 @@ class PhysioPFM(_BankMethod):
         Option("depth", int, 2, "transformer blocks of the diffusion transformer (the paper's: 12, GPT-2)"),
         Option("sampling_steps", int, 50, "DDIM steps when sampling the diffusion generator (1000 trained)"),
         Option("bank_size", int, 0, "fit the generator on this many of the used entries (0: all; an ablation)"),
+        Option("draws", int, 1, "DDIM draws (seeds seed·1000 + k) from which the site's LoRA is made"),
+        Option(
+            "draw_choice",
+            str,
+            "mean",
+            "the site's LoRA: the mean of the draws' factors, or the draw with the "
+            "best balanced accuracy on the site's labelled beats (forward passes only)",
+            choices=("mean", "select"),
+        ),  # fmt: skip
+        Option(
+            "generator_cache",
+            str,
+            "",
+            "a folder keeping fitted generators by (bank file, entries, settings, "
+            "seed): a run that would fit the same generator loads it (empty: always fit)",
+        ),  # fmt: skip
     )
 
+    def _cache_path(self, fit: np.ndarray, seed: int) -> Path | None:
+        """Where the generator fitted on entries ``fit`` with ``seed`` and these settings is kept (None: no cache)."""
+        if not self.config["generator_cache"]:
+            return None
+        import hashlib
+
+        keys = ("generator", "iterations", "width", "depth", "descriptor", "shapelet_points", "shapelet_length")
+        digest = hashlib.sha256(Path(self.bank.source).read_bytes())
+        digest.update(json.dumps([[int(i) for i in fit], seed, {k: self.config[k] for k in keys}]).encode())
+        return Path(self.config["generator_cache"]) / f"generator-{digest.hexdigest()[:24]}.safetensors"
+
     def fit(self, seed: int) -> None:
-        from workbench.adaptation.physiopfm.generator import fit_weight_generator
+        from workbench.adaptation.physiopfm.generator import fit_weight_generator, load_generator, save_generator
 
         entries = self.bank.entries
         held, fit = self.held, self.fit_index
@@ -277,10 +345,18 @@ class PhysioPFM(_BankMethod):
         vectors = torch.stack([entries[i].vector() for i in range(len(entries))])
         conditions = torch.as_tensor(np.stack([self.descriptor(e.prototypes, e.counts) for e in entries]))
         start = time.perf_counter()
-        self.generator = fit_weight_generator(
-            self.config["generator"], vectors[fit], conditions[fit], iterations=self.config["iterations"],
-            seed=seed, progress=self.progress, **self._architecture(),
-        )  # fmt: skip
+        cached = self._cache_path(fit, seed)
+        if cached is not None and cached.is_file():
+            self.generator = load_generator(cached)
+            self.diagnostics_["generator_loaded_from_cache"] = 1.0
+        else:
+            self.generator = fit_weight_generator(
+                self.config["generator"], vectors[fit], conditions[fit], iterations=self.config["iterations"],
+                seed=seed, progress=self.progress, **self._architecture(),
+            )  # fmt: skip
+            if cached is not None:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                save_generator(self.generator, cached)
         self.diagnostics_["generator_fit_seconds"] = time.perf_counter() - start
         self.diagnostics_["bank_entries"] = float(len(fit))
         self.fitted_on = [entries[i].provenance["name"] for i in fit]
@@ -304,13 +380,23 @@ class PhysioPFM(_BankMethod):
             return {"width": self.config["width"], "depth": self.config["depth"]}
         return {}
 
+    def _draws(self, conditions: torch.Tensor, seed: int) -> torch.Tensor:
+        """``draws`` samples (draws, m, P) for ``conditions (m, C)`` (the regressor: one, it is deterministic)."""
+        if self.config["generator"] != "diffusion":
+            return self.generator.generate(conditions, seed=seed)[None]
+        if self.config["draws"] < 1:
+            raise UserError(f"method '{self.name}': --draws must be at least 1, got {self.config['draws']}")
+        steps = self.config["sampling_steps"]
+        return torch.stack([self.generator.generate(conditions, sampling_steps=steps, seed=seed * 1000 + k)
+                            for k in range(self.config["draws"])])  # fmt: skip
+
     def _generate(self, conditions: torch.Tensor, seed: int) -> torch.Tensor:
-        if self.config["generator"] == "diffusion":
-            return self.generator.generate(conditions, sampling_steps=self.config["sampling_steps"], seed=seed)
-        return self.generator.generate(conditions, seed=seed)
+        """The mean of the draws' factors (m, P)."""
+        return self._draws(conditions, seed).mean(0)
 
     def choose_factors(self, descriptor: np.ndarray, seed: int) -> torch.Tensor:
-        return self._generate(torch.as_tensor(descriptor)[None], seed)[0]
+        draws = self._draws(torch.as_tensor(descriptor)[None], seed)[:, 0]
+        return draws if self.config["draw_choice"] == "select" else draws.mean(0)
 
     def plan(self, task: "Task", model: nn.Module, data: "TaskData", inputs: PlanInputs) -> list[Stage]:
         """No training stage (the adapter was generated in ``setup``); the chosen method writes what it made."""

@@ -1,6 +1,8 @@
 """Physiological time series (``workbench.domains.physio``): heartbeats of annotated WFDB records (MIT-BIH
-Arrhythmia and any beat-annotated WFDB folder) with their AAMI classes, and a generator of multi-site synthetic
-ECG in that layout (`workbench.domains.physio.generate`) — the data side of the PhysioPFM task."""
+Arrhythmia and any beat-annotated WFDB folder) with their AAMI classes, and generators of multi-site synthetic
+ECG in that layout (`workbench.domains.physio.generate`: the embedded sites; `workbench.domains.physio.procedural`:
+sites drawn from continuous morphology parameters, the bank's grid and the off-grid targets) — the data side of the
+PhysioPFM task."""
 
 from workbench.domains.physio.beats import (
     AAMI_CLASS_OF,

@@ -191,11 +191,21 @@ def beat_sequence(subject: Subject, site: Site, rng: np.random.Generator) -> tup
 def simulate_record(subject: Subject, site: Site, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(MLII [mV] (n_samples,), R-peak samples (n_beats,), beat types) of one subject's record."""
     rng = _rng(seed, site.name, subject.number, 1)
+    templates = beat_templates(subject, site.fs_hz, seed)
+    times, kinds = beat_sequence(subject, site, rng)
+    return render_record(templates, times, kinds, subject, site, rng)
+
+
+def render_record(
+    templates: dict[str, np.ndarray], times: np.ndarray, kinds: list[str], subject, site, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(MLII [mV] (n_samples,), R-peak samples (n_beats,), beat types): each beat type's template (``TEMPLATE_BEFORE_S``
+    before its R peak) placed at its R-peak time [s], modulated by respiration (``subject.respiration_hz``) and
+    beat-to-beat noise, plus the ``site``'s baseline wander, mains hum and muscle noise (``fs_hz``, ``duration_s``,
+    ``wander_mv``, ``hum_mv``, ``mains_hz``, ``noise_mv``), every random draw from ``rng``."""
     fs = site.fs_hz
     n = int(round(site.duration_s * fs))
-    templates = beat_templates(subject, fs, seed)
     before = round(TEMPLATE_BEFORE_S * fs)
-    times, kinds = beat_sequence(subject, site, rng)
     t = np.arange(n) / fs
     breathing = 1 + 0.08 * np.sin(2 * np.pi * subject.respiration_hz * t + rng.uniform(0, 2 * np.pi))
     ecg = np.zeros(n)
@@ -217,14 +227,20 @@ def simulate_record(subject: Subject, site: Site, seed: int) -> tuple[np.ndarray
 
 
 def _write_record(folder: Path, subject: Subject, site: Site, seed: int) -> dict[str, int]:
+    return write_wfdb(folder, subject.subject, site.name, site.fs_hz, *simulate_record(subject, site, seed))
+
+
+def write_wfdb(
+    folder: Path, record: str, site_name: str, fs_hz: float, ecg: np.ndarray, peaks: np.ndarray, kinds: list[str]
+) -> dict[str, int]:
+    """Write one record (lead MLII [mV], format 212) and its beat annotations; returns the beats of each type."""
     import wfdb
 
-    ecg, peaks, kinds = simulate_record(subject, site, seed)
     digital = np.clip(np.round(ecg * ADC_GAIN) + ADC_BASELINE, 0, 2047).astype(np.int64)[:, None]
-    comments = [f"subject: {subject.subject}", f"site: {site.name}", "synthetic (workbench physio generator)"]
-    wfdb.wrsamp(subject.subject, fs=site.fs_hz, units=["mV"], sig_name=["MLII"], d_signal=digital, fmt=["212"],
+    comments = [f"subject: {record}", f"site: {site_name}", "synthetic (workbench physio generator)"]
+    wfdb.wrsamp(record, fs=fs_hz, units=["mV"], sig_name=["MLII"], d_signal=digital, fmt=["212"],
                 adc_gain=[ADC_GAIN], baseline=[ADC_BASELINE], comments=comments, write_dir=str(folder))  # fmt: skip
-    wfdb.wrann(subject.subject, "atr", peaks, symbol=[SYMBOLS[k] for k in kinds], fs=site.fs_hz, write_dir=str(folder))
+    wfdb.wrann(record, "atr", peaks, symbol=[SYMBOLS[k] for k in kinds], fs=fs_hz, write_dir=str(folder))
     return {kind: kinds.count(kind) for kind in SYMBOLS}
 
 

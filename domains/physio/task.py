@@ -428,13 +428,15 @@ class Physio(Task):
         return Predictions(columns, rows, facts)
 
     # -- data commands ---------------------------------------------------------------------------
-    pretrain_stages = ("backbone", "bank")
+    pretrain_stages = ("backbone", "bank", "grid-bank")
 
     def pretrain(self, out: Path, epochs: int = 60, seed: int = 0, device: str = "auto", quiet: bool = False,
                  stage: str = "backbone") -> str:  # fmt: skip
         """Stage ``backbone``: the shipped backbone, made by next-patch prediction on the generated corpus
         (`workbench.domains.physio.pretrain`); stage ``bank``: PhysioPFM's bank of LoRAs of that backbone on
-        sub-tasks of the embedded sites (`workbench.domains.physio.bank`; ``epochs`` are its steps per LoRA)."""
+        sub-tasks of the embedded sites (`workbench.domains.physio.bank`; ``epochs`` are its steps per LoRA); stage
+        ``grid-bank``: the bank of the procedural grid sites (`workbench.domains.physio.bank.build_grid_bank`, card
+        ``physiopfm-grid-bank``; ``epochs`` its steps per LoRA, batches of 32)."""
         from workbench.domains.physio.pretrain import physio_corpus, pretrain_patch_gpt
 
         if stage == "bank":
@@ -442,8 +444,13 @@ class Physio(Task):
 
             bank = build_physio_bank(out, steps=epochs, seed=seed, progress=not quiet)
             return f"wrote {out}: {len(bank.entries)} LoRAs of sites {bank.sites()}"
+        if stage == "grid-bank":
+            from workbench.domains.physio.bank import build_grid_bank
+
+            bank = build_grid_bank(out, steps=epochs, seed=seed, progress=not quiet)
+            return f"wrote {out}: {len(bank.entries)} LoRAs of {len(bank.sites())} grid sites"
         if stage != "backbone":
-            raise UserError(f"--stage {stage}: task 'physio' has the stages 'backbone' and 'bank'")
+            raise UserError(f"--stage {stage}: task 'physio' has the stages 'backbone', 'bank' and 'grid-bank'")
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
