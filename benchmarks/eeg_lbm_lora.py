@@ -8,7 +8,9 @@ something over a fresh LaBraM (``full@labram``, sleep); LoRA in the study's sett
 rank 8, alpha 8, dropout 0.5, conv ranks by the power-of-2 rule, the task's `LBM_LORA`) matches full fine-tuning;
 adapting several components beats adapting one — compared here at matched trainable budgets (`MATCHED`): conv + fc
 at rank 3 and conv + qkv + fc at rank 2 hold 94 % and 88 % of the default's trainable parameters (alpha = rank, so
-the update scale alpha / rank stays 1 as in the study's setting).
+the update scale alpha / rank stays 1 as in the study's setting). Cut to fit this loaded machine (`ENTRIES`, `cut`):
+head-only tuning, the fresh LaBraM and LoRA conv+fc are defined but not run; motor imagery runs full fine-tuning
+against ShallowFBCSPNet alone.
 
 How it is measured: `workbench compare` on each task, 3 grouped folds of the 30 subjects × seeds 100, 101 (every
 subject tested once per seed: 10 test subjects, 4 validation and 16 training subjects per fold; ≥ 500 test windows
