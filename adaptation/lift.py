@@ -34,6 +34,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from workbench.adaptation.lora.method import HEAD_OPTION, TARGETS_OPTION
 from workbench.adaptation.lora.model import target_names
 
 from workbench.errors import UserError
@@ -154,9 +155,6 @@ def remove(model: nn.Module) -> nn.Module:
     return model
 
 
-HEAD_CHOICES = ("train", "frozen")
-
-
 @methods.register
 class LIFT(Method):
     """LIFT (Liu et al., ICML 2025): sparse fine-tuning of each target weight's principal entries; the model's head
@@ -181,14 +179,8 @@ class LIFT(Method):
         Option("rank", int, 8, "rank of the approximation the principal weights are chosen from (filter rank)"),
         Option("budget_rank", int, 16, "each mask holds as many entries as a LoRA of this rank has parameters"),
         Option("update_interval", int, 400, "re-choose the masks every this many optimiser steps"),
-        Option(
-            "targets",
-            str,
-            "",
-            "comma-separated target group names of the model or fnmatch patterns over module names "
-            "(default: every group the model declares)",
-        ),
-        Option("head", str, "train", "train the model's head in full, or keep it frozen", choices=HEAD_CHOICES),
+        TARGETS_OPTION,
+        HEAD_OPTION,
     )
 
     def __init__(self, **options: Any):

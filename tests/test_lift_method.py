@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
+from test_lora_variants_options import Net
 from torch.optim import optimizer as torch_optimizer
 from workbench.adaptation import lift
 
@@ -14,19 +13,6 @@ from workbench.errors import UserError
 from workbench.method import PlanInputs
 from workbench.registry import methods
 from workbench.trainer import TrainSettings
-
-
-class Net(nn.Module):
-    """x (batch, 3, 12) → Conv1d (batch, 5, 12) → Linear over time (batch, 5, 7) → mean → Linear (batch, 4)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv1d(3, 5, 3, padding=1)
-        self.fc = nn.Linear(12, 7)
-        self.out = nn.Linear(7, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(F.gelu(self.fc(F.gelu(self.conv(x)))).mean(dim=1))
 
 
 def setup(interval: int = 3):

@@ -20,6 +20,15 @@ from workbench.registry import methods
 from workbench.trainer import distributed
 
 HEAD_CHOICES = ("train", "frozen")
+#: The options every method that adapts the model's declared target groups shares (LoRA, LIFT).
+TARGETS_OPTION = Option(
+    "targets",
+    str,
+    "",
+    "comma-separated target group names of the model or fnmatch patterns over module names "
+    "(default: every group the model declares)",
+)
+HEAD_OPTION = Option("head", str, "train", "train the model's head in full, or keep it frozen", choices=HEAD_CHOICES)
 
 
 @methods.register
@@ -58,14 +67,8 @@ class LoRA(Method):
         Option("rank", int, 16, "LoRA rank r of every update"),
         Option("alpha", float, 16.0, "LoRA scale alpha (updates are multiplied by alpha / rank)"),
         Option("dropout", float, 0.0, "dropout probability on each adapter's input"),
-        Option(
-            "targets",
-            str,
-            "",
-            "comma-separated target group names of the model or fnmatch patterns over module names "
-            "(default: every group the model declares)",
-        ),
-        Option("head", str, "train", "train the model's head in full, or keep it frozen", choices=HEAD_CHOICES),
+        TARGETS_OPTION,
+        HEAD_OPTION,
         Option(
             "conv_rank",
             str,
