@@ -33,7 +33,6 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 from workbench.adaptation.lora.method import HEAD_OPTION, TARGETS_OPTION
 from workbench.adaptation.lora.model import target_names
 
@@ -165,8 +164,8 @@ class LIFT(Method):
     target groups (or ``targets``). Training: the stage's per-step hook re-chooses every mask from the current weights
     at global steps ``update_interval``, ``2·update_interval``, … (before that step's gradient, as the authors'
     ``update_interval``; they use 400, and 10 for Llama-3.2-3B), and the Adam moments of entries that left a mask are
-    zeroed just before the next optimiser step (a one-shot optimiser step pre-hook: the trainer's optimiser is not
-    handed to methods). A resumed run re-chooses its masks at its first step (the masks are not in the checkpoint).
+    zeroed just before that step's optimiser update (the stage's ``before_step``). A resumed run re-chooses its masks
+    at its first step (the masks are not in the checkpoint).
     The saved state is the target weights whole (their masked entries moved) and the head; `merge` takes the hooks
     away (the weights already hold the update). Runs with weight decay are refused (decay moves every entry).
     """
@@ -188,7 +187,7 @@ class LIFT(Method):
         interval = self.config["update_interval"]
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise UserError(f"method 'lift': option --update-interval must be a positive integer, got {interval!r}")
-        self._first_step = True
+        self._first_step, self._rechosen = True, False
 
     def _targets(self) -> list[str] | None:
         return [entry.strip() for entry in self.config["targets"].split(",") if entry.strip()] or None
@@ -213,7 +212,7 @@ class LIFT(Method):
                         "--head train trains in full; use --head frozen or leave it out of --targets"
                     )
                 p.requires_grad_(True)
-        self._first_step = True
+        self._first_step, self._rechosen = True, False
         return model
 
     def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
@@ -223,27 +222,24 @@ class LIFT(Method):
                 "principal masks; train with weight decay 0"
             )
         loss = functools.partial(self.loss, task)
-        return [Stage("train", data.train, data.val, inputs.settings, loss, gradients=self.step_hook)]
+        return [Stage("train", data.train, data.val, inputs.settings, loss, gradients=self.step_hook,
+                      before_step=self.before_step)]  # fmt: skip
 
     def step_hook(self, model: nn.Module, batch: Any, step: int) -> None:
-        """Before global step ``step``: re-choose the masks at multiples of ``update_interval`` (and at the first step
-        of a resumed run), and zero the moments that left them at the coming optimiser step. Returns None: the
-        trainer takes the gradient of the loss as usual."""
+        """Before global step ``step``'s gradient: re-choose the masks at multiples of ``update_interval`` (and at the
+        first step of a resumed run), so that the gradient is masked by the new ones. Returns None: the trainer takes
+        the gradient of the loss as usual."""
         first, self._first_step = self._first_step, False
-        if step == 0 or (step % self.config["update_interval"] and not first):
-            return None
-        update_masks(model)
-        handle = None
-
-        weights = {id(model.get_submodule(name).weight) for name in getattr(model, STATE)}
-
-        def drop_left_moments(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            if any(id(p) in weights for group in optimizer.param_groups for p in group["params"]):
-                mask_moments(model, optimizer)
-                handle.remove()
-
-        handle = register_optimizer_step_pre_hook(drop_left_moments)
+        self._rechosen = not (step == 0 or (step % self.config["update_interval"] and not first))
+        if self._rechosen:
+            update_masks(model)
         return None
+
+    def before_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Before the optimizer steps: after a re-choice, zero the Adam moments of the entries that left the masks
+        (the authors' sparse Adam keeps moments for the masked entries only)."""
+        if self._rechosen:
+            mask_moments(model, optimizer)
 
     def diagnostics(self, task, model: nn.Module, data) -> dict[str, float]:
         """``principal_entries``: how many weight entries the masks let train (``trainable_parameters`` counts the

@@ -22,10 +22,11 @@ def setup(interval: int = 3):
     x = torch.randn(6, 3, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.05)
 
-    def step(index: int) -> None:  # the trainer's step: zero_grad, the stage's hook, backward, optimiser step
+    def step(index: int) -> None:  # the trainer's step: zero_grad, the stage's hooks around backward, optimiser step
         optimizer.zero_grad()
         assert method.step_hook(model, x, index) is None
         (model(x) ** 2).sum().backward()
+        method.before_step(model, optimizer, index)
         optimizer.step()
 
     return method, model, optimizer, step
@@ -51,7 +52,7 @@ def test_masks_are_rechosen_every_update_interval_steps_and_left_moments_are_dro
     assert torch.equal(new, lift.principal_mask(before, 2, int(mask.sum())))
     assert (optimizer.state[model.fc.weight]["exp_avg"][~new] == 0).all()  # dropped before this step's update
     assert torch.equal(model.fc.weight[~new], before[~new])  # entries that left the mask stayed where they were
-    assert len(torch_optimizer._global_optimizer_pre_hooks) == hooks  # the one-shot hook is gone
+    assert len(torch_optimizer._global_optimizer_pre_hooks) == hooks  # no global optimizer hook
     with torch.no_grad():
         model.fc.weight.add_(3 * torch.outer(*(torch.randn(n, dtype=torch.float64) for n in (7, 12))))
     step(4)  # not a multiple: the masks stay

@@ -317,3 +317,22 @@ def test_a_stage_selecting_on_a_metric_keeps_its_best_epoch_and_its_memory_probe
     assert best["objective"] == min(h["objective"] for h in history)
     assert best["objective"] == pytest.approx(-task.evaluate(model, data.val, "cpu").metrics["r2"], abs=1e-12)
     assert _training_step_bytes(stages[-1], task, model, data, torch.device("cpu")) > 0  # scores no single sample
+
+
+def test_before_step_sees_each_steps_gradient_before_the_optimizer_uses_it():
+    """A stage's ``before_step`` runs once per optimizer step, with the trainer's optimizer, after backward and
+    before the update: what it does to the gradient is what the optimizer applies."""
+    calls: list[int] = []
+
+    def drop_weight_gradient(model, optimizer, step):
+        assert optimizer is trainer.optimizer and model.weight.grad is not None
+        calls.append(step)
+        model.weight.grad.zero_()  # the update must not move the weight (Adam with zero moments: no change)
+
+    settings = TrainSettings(epochs=2, batch_size=4, learning_rate=0.05, ema_decay=None, patience=50)
+    model = fresh_model()
+    start = model.weight.detach().clone()
+    trainer = Trainer(model, mse, collate, regression(12, 1), regression(8, 2), settings, progress=False,
+                      before_step=drop_weight_gradient)  # fmt: skip
+    trainer.fit()
+    assert calls == list(range(6)) and torch.equal(model.weight, start)

@@ -65,6 +65,10 @@ class Stage:
     #: ``gradients(model, batch, step) -> detached loss | None``: fills every trainable ``.grad`` itself (see the
     #: module docstring); None: ``loss(...).backward()``.
     gradients: Callable[[nn.Module, Any, int], torch.Tensor | None] | None = None
+    #: ``before_step(model, optimizer, step)`` once the step's gradients are in ``.grad`` (unscaled, not yet
+    #: clipped) and before the optimizer steps, at global step ``step``: for a method that edits optimizer state
+    #: (LIFT drops the Adam moments of entries that left its masks).
+    before_step: Callable[[nn.Module, torch.optim.Optimizer, int], None] | None = None
     #: ``on_epoch(epoch, epochs)`` before each training epoch (0-based ``epoch`` of at most ``epochs``): schedules
     #: that depend on training progress (mass annealing, class weights from the target).
     on_epoch: Callable[[int, int], None] | None = None

@@ -492,6 +492,7 @@ def _trainer(
     return Trainer(
         model, stage.loss, task.collate, train, val, settings, checkpoint_path=checkpoint, device=device,
         progress=progress, label=label or stage.name, epoch_start=stage.on_epoch, gradients=stage.gradients,
+        before_step=stage.before_step,
         score=None if settings.select_on == "loss" else functools.partial(_validation_score, task, val, device,
                                                                              settings.select_on),
     )  # fmt: skip

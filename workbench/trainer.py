@@ -103,6 +103,8 @@ class Trainer:
             global step ``step`` (0, 1, ... over the whole fit; the same after a resume): None keeps
             ``loss_fn(...).backward()``; a (detached) loss means it has filled every trainable ``.grad`` itself
             (`workbench.method.Method.gradients`). Under DDP such gradients are averaged over the processes.
+        before_step: ``before_step(model, optimizer, step)`` after the gradients of global step ``step`` are in
+            ``.grad`` (unscaled) and before clipping and the optimizer step (`workbench.method.Stage.before_step`).
         score: ``score(model) -> float``, the validation objective when ``settings.select_on`` names a metric
             (lower is better: the caller negates a metric where higher is better), computed with the current (EMA)
             weights after each epoch.
@@ -122,6 +124,7 @@ class Trainer:
         label: str = "train",
         epoch_start: Callable[[int, int], None] | None = None,
         gradients: Callable[[nn.Module, Any, int], torch.Tensor | None] | None = None,
+        before_step: Callable[[nn.Module, torch.optim.Optimizer, int], None] | None = None,
         score: Callable[[nn.Module], float] | None = None,
     ):
         self.model = model
@@ -135,6 +138,7 @@ class Trainer:
         self.label = label
         self.epoch_start = epoch_start
         self.gradients = gradients
+        self.before_step = before_step
         self.score = score
         self.rank, self.world_size = distributed()
         self.progress = progress and self.rank == 0
@@ -230,6 +234,8 @@ class Trainer:
                         p.grad /= self.world_size
             if scaled:
                 self.scaler.unscale_(self.optimizer)  # clip the true gradient
+            if self.before_step is not None:
+                self.before_step(self.model, self.optimizer, step)
             if self.settings.clip_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(self.params, self.settings.clip_grad_norm)
             if scaled:
