@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from workbench.adaptation import lora
+from workbench.adaptation.lora import method as lora_method
 
 from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
@@ -331,6 +332,7 @@ class HTuning(Method):
             "records per graph-free forward (ZO passes, head features): the same gradient in the activation memory "
             "of this many records; 0 = the whole batch at once (the paper's)",
         ),
+        *lora_method.REFINEMENT_OPTIONS,
     )
 
     def __init__(self, **options):
@@ -352,10 +354,15 @@ class HTuning(Method):
             alpha=self.config["alpha"],
             train=("*.bias", f"{head}.*"),
             compute="weight",
+            **lora_method.refinements(self.config),
         )
 
     def setup(self, task, model: nn.Module, data, seed: int) -> None:
+        """Keeps ``seed`` for the seeded ``z``; with ``--init lora-one`` sets the adapters from the task's full-batch
+        gradient (`workbench.adaptation.lora.method.init_from_task_gradient`)."""
         self.seed = int(seed)
+        if self.config["init"] == "lora-one":
+            lora_method.init_from_task_gradient(task, model, data, self.config["gamma"])
 
     def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
         """One stage whose gradients are `gradients` (no backward pass through the LoRA factors)."""

@@ -451,3 +451,32 @@ def test_htuning_saves_its_adapter_under_the_file_names_earlier_runs_used():
     state = method.trainable_state(model)
     assert any(name.endswith(".lora_A.weight") for name in state) and not any(".default." in name for name in state)
     method.load_trainable_state(method.prepare(tiny_encoder(dtype=torch.float32)), state)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"scaling": "rslora"}, {"init": "pissa"}, {"dora": True}, {"reparam": "replora"}],
+    ids=["rslora", "pissa", "dora", "replora"],
+)
+def test_htuning_takes_the_lora_refinements_and_its_mixed_step_trains_them(options):
+    """H-Tuning's adapters carry the refinement (the same LoRA package), start as the identity, and its mixed-order
+    step moves exactly the trainable parameters (a refinement's own ones included: DoRA's magnitude, RepLoRA's MLP)."""
+    ecg, labels = tiny_batch()
+    method = htuning.HTuning(rank=2, alpha=2.0, **options)
+    model = assert_identity_at_init(tiny_encoder(), method, outputs_on(ecg))
+    config = model.layers[0].attention.qkv.adapters["default"]
+    assert all(getattr(config, name) == value for name, value in options.items())
+    theta, _ = htuning.split_parameters(model)
+    in_theta = {name for name, p in model.named_parameters() if any(p is q for q in theta)}
+    for option, word in (("dora", "magnitude"), ("reparam", "reparam")):
+        assert (option in options) == any(word in name for name in in_theta)  # a refinement's own parameters
+
+    def step(model):
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        for seed in range(2):
+            optimizer.zero_grad(set_to_none=True)
+            method.mixed_step(model, ecg, labels, BCE, seed=seed)
+            assert all(torch.isfinite(p.grad).all() for p in theta if p.grad is not None)
+            optimizer.step()
+
+    assert_only_trainable_change(model, step)

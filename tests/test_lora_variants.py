@@ -343,16 +343,20 @@ def test_lora_one_refuses_other_inits_and_layers_off_the_loss_path():
 
 
 @pytest.mark.slow  # reading the shipped PTB-XL cut takes ~8 s
-def test_the_lora_method_sets_lora_one_from_the_task_loss_over_the_training_samples():
-    from workbench.registry import tasks
+@pytest.mark.parametrize("method_name", ["lora", "htuning"])
+def test_a_method_sets_lora_one_from_the_task_loss_over_the_training_samples(method_name, monkeypatch):
+    from workbench.adaptation.lora import method as lora_method
+
+    from workbench.registry import methods, tasks
 
     task = tasks.get("ptbxl")()
     task.progress = False
     base = task.load_model(None)  # float32, as the task's samples
     data, _ = task.prepare(base, task.read(None, 0), 8, 4, 0)
-    method = lora.LoRA(rank=2, init="lora-one", gamma=4.0, targets="conv")
+    options = {"targets": "conv"} if method_name == "lora" else {}
+    method = methods.get(method_name)(rank=2, init="lora-one", gamma=4.0, **options)
     model = method.prepare(copy.deepcopy(base))
-    method.gradient_chunk = 3  # 8 samples in chunks of 3, 3, 2
+    monkeypatch.setattr(lora_method, "GRADIENT_CHUNK", 3)  # 8 samples in chunks of 3, 3, 2
     method.setup(task, model, data, 0)
     layers = lora.lora_layers(model)
     full = copy.deepcopy(base).eval()  # the reference: the mean loss over all 8 samples in one batch

@@ -29,6 +29,50 @@ TARGETS_OPTION = Option(
     "(default: every group the model declares)",
 )
 HEAD_OPTION = Option("head", str, "train", "train the model's head in full, or keep it frozen", choices=HEAD_CHOICES)
+#: The refinements of LoRA every method built on this package takes (`workbench.adaptation.lora.config`).
+REFINEMENT_OPTIONS = (
+    Option(
+        "init",
+        str,
+        "kaiming",
+        "adapter init: 'kaiming' (A Kaiming-uniform, B = 0, PEFT's default), 'pissa' (top-r singular triplets of "
+        "each weight, which keeps the residual) or 'lora-one' (top-r singular triplets of one full-batch gradient "
+        "over the training samples)",
+        choices=INITS,
+    ),
+    Option(
+        "scaling",
+        str,
+        "standard",
+        "update scale: 'standard' (alpha / rank) or 'rslora' (alpha / sqrt(rank))",
+        choices=SCALINGS,
+    ),
+    Option("dora", bool, False, "DoRA: a trained magnitude per output unit times the normalised adapted weight"),
+    Option("gamma", float, 128.0, "LoRA-One's gamma: its factors are divided by sqrt(gamma) (--init lora-one)"),
+    Option(
+        "reparam",
+        str,
+        "none",
+        "'replora': the factors come out of a light MLP shared by A and B (RepLoRA); 'none': as they are",
+        choices=REPARAMS,
+    ),
+)
+#: Samples per forward pass while LoRA-One takes its full-batch gradient (the mean is over all of them).
+GRADIENT_CHUNK = 32
+
+
+def refinements(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `apply` keywords of a method's `REFINEMENT_OPTIONS`."""
+    return {name: config[name] for name in ("init", "scaling", "dora", "reparam")}
+
+
+def init_from_task_gradient(task, model: nn.Module, data, gamma: float) -> None:
+    """LoRA-One's factors (`init_lora_one`) from the full-batch gradient of the task's loss (its eval form) over the
+    training samples, `GRADIENT_CHUNK` samples per forward pass."""
+    device = next(model.parameters()).device
+    chunks = [data.train[i : i + GRADIENT_CHUNK] for i in range(0, len(data.train), GRADIENT_CHUNK)]
+    batches = ((task.collate(chunk, device), len(chunk)) for chunk in chunks)
+    init_lora_one(model, lambda m, batch: task.loss(m, batch, False), batches, gamma=gamma)
 
 
 @methods.register
@@ -85,31 +129,7 @@ class LoRA(Method):
             "W x + B A x, as PEFT (less for large linear layers); the same function",
             choices=COMPUTES,
         ),
-        Option(
-            "init",
-            str,
-            "kaiming",
-            "adapter init: 'kaiming' (A Kaiming-uniform, B = 0, PEFT's default), 'pissa' (top-r singular triplets of "
-            "each weight, which keeps the residual) or 'lora-one' (top-r singular triplets of one full-batch gradient "
-            "over the training samples)",
-            choices=INITS,
-        ),
-        Option(
-            "scaling",
-            str,
-            "standard",
-            "update scale: 'standard' (alpha / rank) or 'rslora' (alpha / sqrt(rank))",
-            choices=SCALINGS,
-        ),
-        Option("dora", bool, False, "DoRA: a trained magnitude per output unit times the normalised adapted weight"),
-        Option("gamma", float, 128.0, "LoRA-One's gamma: its factors are divided by sqrt(gamma) (--init lora-one)"),
-        Option(
-            "reparam",
-            str,
-            "none",
-            "'replora': the factors come out of a light MLP shared by A and B (RepLoRA); 'none': as they are",
-            choices=REPARAMS,
-        ),
+        *REFINEMENT_OPTIONS,
         Option(
             "objective",
             str,
@@ -119,9 +139,6 @@ class LoRA(Method):
         ),
         Option("flat_sigma", float, 0.05, "Flat-LoRA's relative noise size sigma (the authors' rho)"),
     )
-    #: Samples per forward pass while LoRA-One takes its full-batch gradient (the mean is over all of them).
-    gradient_chunk = 32
-
     def check(self, task, data, model: nn.Module) -> None:
         """The model declares LoRA target groups (and a head when ``--head train``); the targets exist."""
         super().check(task, data, model)
@@ -145,25 +162,17 @@ class LoRA(Method):
             conv_rank=self.config["conv_rank"],
             train=train,
             compute=self.config["compute"],
-            init=self.config["init"],
-            scaling=self.config["scaling"],
-            dora=self.config["dora"],
-            reparam=self.config["reparam"],
+            **refinements(self.config),
             objective=self.config["objective"],
             flat_sigma=self.config["flat_sigma"],
         )
 
     def setup(self, task, model: nn.Module, data, seed: int) -> None:
-        """LoRA-One (``--init lora-one``): the adapters from the full-batch gradient of the task's loss (its eval
-        form) over the training samples, ``gradient_chunk`` samples per forward pass. Keeps ``seed`` for Flat-LoRA's
-        noise."""
+        """LoRA-One (``--init lora-one``): the adapters from the task's full-batch gradient
+        (`init_from_task_gradient`). Keeps ``seed`` for Flat-LoRA's noise."""
         self._seed = seed
-        if self.config["init"] != "lora-one":
-            return
-        device = next(model.parameters()).device
-        chunks = [data.train[i : i + self.gradient_chunk] for i in range(0, len(data.train), self.gradient_chunk)]
-        batches = ((task.collate(chunk, device), len(chunk)) for chunk in chunks)
-        init_lora_one(model, lambda m, batch: task.loss(m, batch, False), batches, gamma=self.config["gamma"])
+        if self.config["init"] == "lora-one":
+            init_from_task_gradient(task, model, data, self.config["gamma"])
 
     def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
         """One stage; with ``--objective flat-lora`` its step is `flat_step`."""
