@@ -85,8 +85,8 @@ def apply(
         model: any ``nn.Module``; its ``nn.Linear``, ``nn.Conv1d`` and ``nn.Conv2d`` layers can be targets.
         targets: declared target groups and/or fnmatch patterns over module names, as `workbench.adaptation.lora.apply`
             (None: every declared group).
-        rank: the rank of the approximation the mask is chosen from (the authors' ``filter_rank``), at most each
-            weight's ``min(out, in·K)``.
+        rank: the rank of the approximation the mask is chosen from (the authors' ``filter_rank``); a weight whose
+            ``min(out, in·K)`` is smaller takes that (its whole rank: the mask is then its largest entries).
         budget_rank: the mask holds `lora_budget` ``(weight, budget_rank)`` entries (the authors' ``lora_rank``).
 
     Each target module gets a non-persistent bool buffer ``lift_mask`` (its weight's shape) and a gradient hook on
@@ -97,11 +97,14 @@ def apply(
         raise UserError(f"this {type(model).__name__} already carries LIFT masks; lift.remove(model) first")
     if isinstance(budget_rank, bool) or not isinstance(budget_rank, int) or budget_rank < 1:
         raise UserError(f"LIFT budget_rank must be a positive integer, got {budget_rank!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise UserError(f"LIFT rank must be a positive integer, got {rank!r}")
     modules = {name: model.get_submodule(name) for name in target_names(model, targets)}
-    masks = {}
+    masks, ranks = {}, {}
     for name, module in modules.items():
+        ranks[name] = min(rank, module.weight.shape[0], module.weight[0].numel())
         try:
-            masks[name] = principal_mask(module.weight, rank, lora_budget(module.weight, budget_rank))
+            masks[name] = principal_mask(module.weight, ranks[name], lora_budget(module.weight, budget_rank))
         except UserError as error:
             raise UserError(f"LIFT target '{name}': {error}") from None
     model.requires_grad_(False)
@@ -110,7 +113,7 @@ def apply(
         module.register_buffer("lift_mask", masks[name], persistent=False)
         module.weight.requires_grad_(True)
         handle = module.weight.register_hook(lambda grad, module=module: grad * module.lift_mask)
-        state[name] = (rank, int(masks[name].sum()), handle)
+        state[name] = (ranks[name], int(masks[name].sum()), handle)
     setattr(model, STATE, state)
     return model
 

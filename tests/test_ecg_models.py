@@ -455,7 +455,7 @@ def test_htuning_saves_its_adapter_under_the_file_names_earlier_runs_used():
 
 @pytest.mark.parametrize(
     "options",
-    [{"scaling": "rslora"}, {"init": "pissa"}, {"dora": True}, {"reparam": "replora"}],
+    [{"lora_scaling": "rslora"}, {"init": "pissa"}, {"dora": True}, {"reparam": "replora"}],
     ids=["rslora", "pissa", "dora", "replora"],
 )
 def test_htuning_takes_the_lora_refinements_and_its_mixed_step_trains_them(options):
@@ -465,7 +465,7 @@ def test_htuning_takes_the_lora_refinements_and_its_mixed_step_trains_them(optio
     method = htuning.HTuning(rank=2, alpha=2.0, **options)
     model = assert_identity_at_init(tiny_encoder(), method, outputs_on(ecg))
     config = model.layers[0].attention.qkv.adapters["default"]
-    assert all(getattr(config, name) == value for name, value in options.items())
+    assert all(getattr(config, name.removeprefix("lora_")) == value for name, value in options.items())
     theta, _ = htuning.split_parameters(model)
     in_theta = {name for name, p in model.named_parameters() if any(p is q for q in theta)}
     for option, word in (("dora", "magnitude"), ("reparam", "reparam")):

@@ -266,10 +266,10 @@ def test_bad_options_are_user_errors_naming_the_field(tmp_path):
     with pytest.raises(UserError, match=r"bad.json: bad LoRA configuration \(LoRA init must be one of"):
         lora.LoraConfig.from_dict({"init": "gaussian"}, "bad.json")
     assert lora.LoraConfig.from_dict({"rank": 2}, "old.json").init == "kaiming"  # files written before the options
-    with pytest.raises(UserError, match="option --scaling must be one of"):
-        resolve_options("lora", lora.LoRA.options, {"scaling": "sqrt"})
+    with pytest.raises(UserError, match="option --lora-scaling must be one of"):
+        resolve_options("lora", lora.LoRA.options, {"lora_scaling": "sqrt"})
     options = {o.name: o for o in lora.LoRA.options}
-    assert options["init"].choices == lora.INITS and options["scaling"].choices == lora.SCALINGS
+    assert options["init"].choices == lora.INITS and options["lora_scaling"].choices == lora.SCALINGS
     assert options["dora"].type is bool and options["dora"].default is False
 
 
@@ -451,7 +451,10 @@ def test_lift_trains_only_the_principal_entries_and_a_new_mask_drops_the_moments
     assert not hasattr(model, lift.STATE) and not hasattr(model.fc, "lift_mask")
     mse(model, batches()[0][0]).backward()
     assert (model.fc.weight.grad != 0).all()  # no mask on the gradient any more
-    with pytest.raises(UserError, match="LIFT target 'conv2d': LIFT rank must be an integer in 1..2"):
-        lift.apply(copy.deepcopy(base), targets=TARGETS, rank=3)  # conv2d's (2, 1, 3, 3) weight has 2
+    capped = lift.apply(copy.deepcopy(base), targets=TARGETS, rank=3)  # conv2d's (2, 1, 3, 3) weight has rank 2
+    rank, count, _ = getattr(capped, lift.STATE)["conv2d"]
+    assert rank == 2 and torch.equal(capped.conv2d.lift_mask, lift.principal_mask(capped.conv2d.weight, 2, count))
+    with pytest.raises(UserError, match="LIFT rank must be a positive integer"):
+        lift.apply(copy.deepcopy(base), targets=TARGETS, rank=0)
     with pytest.raises(UserError, match="LIFT budget_rank must be a positive integer"):
         lift.apply(copy.deepcopy(base), targets=TARGETS, rank=1, budget_rank=0)

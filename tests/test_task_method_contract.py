@@ -18,13 +18,14 @@ from workbench.registry import methods, tasks
 #: task -> the methods that apply to its default model and data.
 APPLIES = {
     "rmd17": {"elora", "full", "readout", "mace-lora"},
-    "ptbxl": {"full", "readout", "lora", "htuning", "distill"},
-    "sleepedf": {"full", "readout", "lora", "htuning"},
-    "motor-imagery": {"full", "readout", "lora", "htuning"},
+    "ptbxl": {"full", "readout", "lora", "lift", "htuning", "distill"},
+    "sleepedf": {"full", "readout", "lora", "lift", "htuning"},
+    "motor-imagery": {"full", "readout", "lora", "lift", "htuning"},
     "physio": {
         "full",
         "readout",
         "lora",
+        "lift",
         "htuning",
         "physiopfm",
         "physiopfm-none",
@@ -33,7 +34,7 @@ APPLIES = {
         "physiopfm-local",
     },
     "csbm": {"full", "readout", "homophily", "mixed-filters", "udagcn"},
-    "medvl": {"full", "readout", "lora", "hlora", "moelora", "hlora-lora", "hlora-mixed"},
+    "medvl": {"full", "readout", "lora", "lift", "hlora", "moelora", "hlora-lora", "hlora-mixed"},
     "features": {
         "full",
         "readout",

@@ -41,10 +41,11 @@ REFINEMENT_OPTIONS = (
         choices=INITS,
     ),
     Option(
-        "scaling",
+        "lora_scaling",
         str,
         "standard",
-        "update scale: 'standard' (alpha / rank) or 'rslora' (alpha / sqrt(rank))",
+        "update scale: 'standard' (alpha / rank) or 'rslora' (alpha / sqrt(rank)); named apart from the tasks' input "
+        "--scaling",
         choices=SCALINGS,
     ),
     Option("dora", bool, False, "DoRA: a trained magnitude per output unit times the normalised adapted weight"),
@@ -63,7 +64,7 @@ GRADIENT_CHUNK = 32
 
 def refinements(config: Mapping[str, Any]) -> dict[str, Any]:
     """The `apply` keywords of a method's `REFINEMENT_OPTIONS`."""
-    return {name: config[name] for name in ("init", "scaling", "dora", "reparam")}
+    return {"scaling": config["lora_scaling"], **{name: config[name] for name in ("init", "dora", "reparam")}}
 
 
 def init_from_task_gradient(task, model: nn.Module, data, gamma: float) -> None:
@@ -92,7 +93,7 @@ class LoRA(Method):
     The function is the same either way; with ``--dropout`` > 0 training runs the input way (dropout acts on the
     adapter's input).
 
-    ``--init pissa``, ``--scaling rslora`` and ``--dora`` are PEFT's PiSSA, rsLoRA and DoRA (see
+    ``--init pissa``, ``--lora-scaling rslora`` and ``--dora`` are PEFT's PiSSA, rsLoRA and DoRA (see
     `workbench.adaptation.lora.config`). ``--init lora-one`` sets the adapters in `setup`, before training, from the
     gradient of the task's loss over every training sample (`workbench.adaptation.lora.init_lora_one`, ``--gamma``).
 
