@@ -17,6 +17,7 @@ SMALL_SETTINGS = {
     "eeg_quickstart.ipynb": {"EPOCHS": 2},
     "physio_quickstart.ipynb": {"EPOCHS": 2, "ITERATIONS": 100},
     "medvl_quickstart.ipynb": {"EPOCHS": 1},
+    "lora_family.ipynb": {"METRIC_INDEX": 0},  # trains nothing: draws benchmarks/results/lora_family_*.json
 }
 #: A line each notebook prints when it ran to its end.
 EXPECTED = {
@@ -27,6 +28,7 @@ EXPECTED = {
     "eeg_quickstart.ipynb": "window rows",
     "physio_quickstart.ipynb": "balanced accuracy",
     "medvl_quickstart.ipynb": "closed-VQA accuracy",
+    "lora_family.ipynb": "Δ vs LoRA",
 }
 
 
