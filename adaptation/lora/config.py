@@ -9,7 +9,12 @@ Adapter kinds (`KINDS`), all starting as the identity (see `workbench.adaptation
 
 * ``"lora"`` — plain LoRA, ``(alpha / r) · B A x``;
 * ``"hlora"`` — H-LoRA: ``k`` token-routed experts fused in one ``A``/``B`` pair, ``scale = alpha / r · k``;
-* ``"moelora"`` — MoELoRA: the same experts as ``k`` separate ``A_e``/``B_e`` pairs computed in a loop.
+* ``"moelora"`` — MoELoRA: the same experts as ``k`` separate ``A_e``/``B_e`` pairs computed in a loop;
+* ``"goat"`` — GOAT (Fan et al., "Make LoRA Great Again: Boosting LoRA with Adaptive Singular Values and
+  Mixture-of-Experts Optimization Alignment", ICML 2025; code Facico/GOAT-PEFT): ``k`` expert pairs of ``r / k``
+  ranks, each token sent to its ``top_k`` experts by a softmax router, their weights renormalised over the chosen
+  ones; ``init="goat"`` sets the experts from segments of the base weight's SVD and ``scaling="goat"`` is the
+  authors' derived scale (`workbench.adaptation.lora.layer`).
 
 Rank of a target module (first rule that applies):
 
@@ -62,13 +67,19 @@ from workbench.errors import UserError
 
 #: ``compute`` choices: ``"input"`` (PEFT's ``W x + B A x``) or ``"weight"`` (``(W + B A) x``).
 COMPUTES = ("input", "weight")
-#: Adapter kinds: plain LoRA, H-LoRA's fused routed experts, MoELoRA's looped experts.
-KINDS = ("lora", "hlora", "moelora")
+#: Adapter kinds: plain LoRA, H-LoRA's fused routed experts, MoELoRA's looped experts, GOAT's top-k routed experts.
+KINDS = ("lora", "hlora", "moelora", "goat")
 #: ``init`` choices: PEFT's default (Kaiming-uniform ``A``, ``B = 0``), PiSSA (top-r singular triplets of ``W``) and
-#: LoRA-One (top-r singular triplets of one full fine-tuning gradient: `workbench.adaptation.lora.init_lora_one`).
-INITS = ("kaiming", "pissa", "lora-one")
-#: ``scaling`` choices: ``alpha / r`` and rsLoRA's ``alpha / sqrt(r)``.
-SCALINGS = ("standard", "rslora")
+#: LoRA-One (top-r singular triplets of one full fine-tuning gradient: `workbench.adaptation.lora.init_lora_one`) and
+#: GOAT (its experts from segments of the base weight's SVD; ``kind="goat"`` only).
+INITS = ("kaiming", "pissa", "lora-one", "goat")
+#: ``scaling`` choices: ``alpha / r``, rsLoRA's ``alpha / sqrt(r)`` and GOAT's ``sqrt(3 η n_in / r_e)`` (``kind="goat"``
+#: only; the layer computes it, knowing ``n_in``).
+SCALINGS = ("standard", "rslora", "goat")
+#: GOAT's constants as its authors' code sets them: singular values divided by ``scale · ρ`` before they become the
+#: experts' factors; ``η`` of the derived scale (their ``ETA``, 1.0 in every released script).
+GOAT_RHO = 10.0
+GOAT_ETA = 1.0
 #: ``reparam`` choices: the factors as they are, or RepLoRA's MLP of them.
 REPARAMS = ("none", "replora")
 #: ``objective`` choices: the loss, or Flat-LoRA's expected loss over random perturbations of the merged weights.
@@ -127,6 +138,7 @@ class AdapterConfig:
         scaling: ``"standard"`` (default, ``alpha / r``) or ``"rslora"`` (``alpha / sqrt(r)``); plain LoRA only.
         dora: DoRA's magnitude and direction (default False); plain LoRA only.
         reparam: ``"none"`` (default) or ``"replora"`` (`REPARAMS`); plain LoRA only, not with PiSSA, LoRA-One or DoRA.
+        top_k: experts each token is sent to (``kind="goat"``; default 2, the authors').
     """
 
     rank: int
@@ -139,6 +151,7 @@ class AdapterConfig:
     scaling: str = "standard"
     dora: bool = False
     reparam: str = "none"
+    top_k: int = 2
 
     def __post_init__(self) -> None:
         if self.kind is None:
@@ -169,8 +182,18 @@ class AdapterConfig:
                 f"LoRA reparam='replora' with {other} is not defined (RepLoRA's MLP would change the factors that "
                 "option sets or rescales); use reparam='none' or init='kaiming' without dora"
             )
+        goat = self.kind == "goat"
+        if (self.init == "goat" or self.scaling == "goat") and not goat:
+            raise UserError(
+                f"LoRA init/scaling 'goat' belongs to GOAT's routed experts (kind='goat'), not to {self.kind} adapters"
+            )
         if self.kind != "lora":
+            free = ("init", "scaling") if goat else ()  # GOAT's experts take GOAT's init and every scaling
             for name, default in (("init", "kaiming"), ("scaling", "standard"), ("dora", False), ("reparam", "none")):
+                if name in free:
+                    if name == "init" and self.init not in ("kaiming", "goat"):
+                        raise UserError(f"GOAT's experts start as 'kaiming' or 'goat', not init={self.init!r}")
+                    continue
                 if getattr(self, name) != default:
                     raise UserError(
                         f"LoRA {name}={getattr(self, name)!r} is an option of plain LoRA adapters, not of {self.kind} "
@@ -189,6 +212,9 @@ class AdapterConfig:
             )
         if self.compute == "weight":
             raise UserError("routed experts (H-LoRA) depend on the input: they cannot be computed in weight space")
+        top_k_ok = isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and 1 <= self.top_k <= self.experts
+        if goat and not top_k_ok:
+            raise UserError(f"GOAT's top_k must be an integer in 1..experts ({self.experts}), got {self.top_k!r}")
 
     @property
     def routed(self) -> bool:
@@ -198,10 +224,20 @@ class AdapterConfig:
     @property
     def scale(self) -> float:
         """``alpha / r`` (plain LoRA), ``alpha / sqrt(r)`` (``scaling="rslora"``) or ``alpha / r · k`` (the experts'
-        kinds, as HealthGPT's code)."""
+        kinds, as HealthGPT's code; GOAT's: ``alpha / r_e`` or ``alpha / sqrt(r_e)`` with ``r_e = r / k`` each
+        expert's rank, as GOAT's code). GOAT's derived scale needs the layer's input size: `scale_for`."""
+        if self.scaling == "goat":
+            raise UserError("GOAT's scale sqrt(3 eta n_in / r_e) depends on the layer: use scale_for(n_in)")
         if self.scaling == "rslora":
-            return self.alpha / math.sqrt(self.rank)
+            return self.alpha / math.sqrt(self.rank // (self.experts or 1))
         return self.alpha / self.rank * (self.experts or 1)
+
+    def scale_for(self, fan_in: int) -> float:
+        """The scale on a layer of ``fan_in`` inputs: `scale`, or GOAT's ``sqrt(3 η fan_in / r_e)`` (``η`` =
+        `GOAT_ETA`) with ``scaling="goat"``."""
+        if self.scaling == "goat":
+            return math.sqrt(3 * GOAT_ETA * fan_in / (self.rank // self.experts))
+        return self.scale
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -242,6 +278,7 @@ class LoraConfig:
         objective: ``"plain"`` (default) or ``"flat-lora"`` (Flat-LoRA's expected loss over perturbed merged weights;
             plain LoRA only).
         flat_sigma: Flat-LoRA's relative noise size ``σ`` (default 0.05, the authors' ``rho``), ≥ 0.
+        top_k: GOAT's experts per token (``kind="goat"``; default 2).
     """
 
     targets: tuple[str, ...] | None = None
@@ -260,6 +297,7 @@ class LoraConfig:
     reparam: str = "none"
     objective: str = "plain"
     flat_sigma: float = 0.05
+    top_k: int = 2
 
     def __post_init__(self) -> None:
         if isinstance(self.targets, str):
@@ -304,6 +342,7 @@ class LoraConfig:
             self.scaling,
             self.dora,
             self.reparam,
+            self.top_k,
         )
 
     def rank_of(self, name: str, module: nn.Module) -> int:

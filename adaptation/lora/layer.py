@@ -12,6 +12,7 @@ Each adapter has a kind (`workbench.adaptation.lora.config.AdapterConfig.kind`);
     lora:     (alpha / r) · B (A (dropout(x)))
     hlora:    scale · B (repeat_interleave(softmax(R x), r / k) ⊙ A (dropout(x))),      scale = alpha / r · k
     moelora:  scale · Σ_e softmax(R x)_e · B_e (A_e (dropout(x)))
+    goat:     scale · Σ_{e ∈ top_k(g)} (g_e / Σ_{top_k} g) · B_e (A_e (dropout(x))),      g = softmax(R x)
 
 and the layer computes ``W x + b + Σ_{active, unmerged adapters} update(x)``.
 
@@ -27,6 +28,13 @@ and the layer computes ``W x + b + Σ_{active, unmerged adapters} update(x)``.
   undropped input; dropout acts on ``A``'s input as for every kind (METHODS.md notes the authors apply it after
   ``A``; with dropout 0 the two agree). Routed kinds adapt ``nn.Linear`` layers only and cannot be merged.
 * MoELoRA: ``lora_A[name]`` / ``lora_B[name]`` are ``nn.ModuleList`` s of ``k`` experts (``in → r/k → out``).
+* GOAT (Fan et al., ICML 2025; its authors' code, Facico/GOAT-PEFT, ``goat/peta/src/goat/layer.py``): MoELoRA's
+  layout, each token sent to its ``top_k`` experts, their gates renormalised to sum to 1 (every expert is computed
+  for every token and the others weighed 0: the same function as the authors' gather, simpler on small models).
+  ``scale`` is per expert, ``alpha / r_e`` (``r_e = r / k``) or, with ``scaling="goat"``, the authors' derived
+  ``sqrt(3 η n_in / r_e)``. Each forward keeps the router's load-balancing loss ``k · Σ_e f_e P_e`` (``f_e`` the
+  share of tokens sent to ``e``, counting every top-k choice, ``P_e`` the mean router probability) in
+  ``balance_loss[name]``; the ``lora`` method adds it to the task's loss times its ``goat_aux`` (the authors' 1e-3).
 
 Initialisation (``init``) as PEFT's; every adapter starts as the identity:
 
@@ -50,6 +58,14 @@ Initialisation (``init``) as PEFT's; every adapter starts as the identity:
   ``γ`` the authors' ``stable_gamma``, 128 by default), the base weight left as it is: the adapted layer starts one
   rank-r gradient step away, ``W + scale · B A = W − scale / (γ s₁) · G_r`` (``G_r`` the best rank-r approximation
   of ``G``).
+
+* ``"goat"`` (GOAT's ``init_type="goat"``; ``kind="goat"`` only): with ``U S Vᵀ`` the SVD of ``W`` (``n`` singular
+  values) cut into ``k`` segments of ``n // k``, expert ``e`` takes the first ``r_e`` triplets of segment ``e``,
+  ``S_e`` divided by ``scale · ρ`` (``ρ`` = `GOAT_RHO`, 10): ``A_e = sqrt(S_e / (scale ρ)) V_eᵀ``, ``B_e = U_e
+  sqrt(S_e / (scale ρ))``, and the base weight becomes ``W − scale · Σ_e B_e A_e / k`` (the authors' ``init_cof =
+  1 / k``). Unlike the other inits the layer does not start as ``W``: the experts' routed sum replaces the average
+  that was taken out. The residual is a function of ``W`` (``W − Σ_e U_e S_e V_eᵀ / (ρ k)``), kept for
+  `delete_adapter` as PiSSA's is.
 
 Dropout acts on the adapter's input only; the base path never sees it.
 
@@ -106,7 +122,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize, skip_init
-from workbench.adaptation.lora.config import AdapterConfig
+from workbench.adaptation.lora.config import GOAT_RHO, AdapterConfig
 
 from workbench.errors import UserError
 
@@ -207,6 +223,10 @@ class LoraLayer(nn.Module):
         self.lora_reparam = AdapterDict()
         self.lora_magnitude_vector, self.pissa_factors = AdapterDict(), AdapterDict()
         self.adapters: dict[str, AdapterConfig] = {}
+        #: Each adapter's scale on this layer (`AdapterConfig.scale_for` of its input size).
+        self.scales: dict[str, float] = {}
+        #: GOAT's load-balancing loss of the last forward, by adapter (module doc).
+        self.balance_loss: dict[str, torch.Tensor] = {}
         self.active_adapters: tuple[str, ...] = ()
         self._merged_deltas: dict[str, torch.Tensor] = {}
         #: Flat-LoRA's noise ``ε`` (the base weight's shape) while `workbench.adaptation.lora.flat.perturbed` holds it:
@@ -238,7 +258,15 @@ class LoraLayer(nn.Module):
                 f"compute='weight' runs the stock layer's operation with W + ΔW, which a {type(base).__name__} cannot; "
                 "use compute='input'"
             )
-        if config.init == "pissa":
+        if config.init == "goat":
+            segment = min(base.weight.shape) // config.experts
+            if config.rank // config.experts > segment:
+                raise UserError(
+                    f"GOAT cuts the {min(base.weight.shape)} singular values of the {tuple(base.weight.shape)} base "
+                    f"weight into {config.experts} segments of {segment}: an expert's rank "
+                    f"{config.rank // config.experts} does not fit; lower the rank or the experts"
+                )
+        if config.init in ("pissa", "goat"):
             largest = min(base.weight.shape[0], base.weight[0].numel())
             if config.rank > largest:
                 raise UserError(
@@ -247,11 +275,11 @@ class LoraLayer(nn.Module):
                 )
             if parametrize.is_parametrized(base, "weight"):
                 raise UserError(
-                    "init='pissa' replaces the base weight by its residual, which a parametrized weight cannot take; "
-                    "use init='kaiming' for this target"
+                    f"init={config.init!r} replaces the base weight by a residual, which a parametrized weight cannot "
+                    "take; use init='kaiming' for this target"
                 )
         self.lora_dropout[name] = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
-        if config.kind == "moelora":
+        if config.kind in ("moelora", "goat"):
             per_expert = config.rank // config.experts
             self.lora_A[name] = nn.ModuleList(_factors(base, per_expert)[0] for _ in range(config.experts))
             self.lora_B[name] = nn.ModuleList(_factors(base, per_expert)[1] for _ in range(config.experts))
@@ -270,18 +298,27 @@ class LoraLayer(nn.Module):
             self.lora_magnitude_vector[name] = Magnitude(shape, base.weight)
         if config.init == "pissa":
             self.pissa_factors[name] = InitialFactors(self.lora_A[name].weight, self.lora_B[name].weight)
+        if config.init == "goat":
+            rows = torch.empty(config.rank, base.weight.shape[1], dtype=base.weight.dtype, device=base.weight.device)
+            self.pissa_factors[name] = InitialFactors(rows, rows.new_empty(base.weight.shape[0], config.rank))
         self.adapters[name] = config
+        self.scales[name] = config.scale_for(base.weight[0].numel())
         self.reset_adapter(name)
 
     def reset_adapter(self, name: str) -> None:
         """Adapter ``name`` is the identity again, as its ``init`` says (module doc): ``"kaiming"``: ``A``
         Kaiming-uniform (``a = sqrt(5)``), ``B = 0``, router Kaiming-uniform (the draws in that order, expert by
-        expert); ``"pissa"``: the base weight put back, then its SVD. Then DoRA's magnitude: the row norms of
-        ``W + scale · B A``."""
+        expert); ``"pissa"``: the base weight put back, then its SVD; ``"goat"``: the base weight put back, its SVD's
+        segments, then the router Kaiming-uniform (GOAT's layer does not start as the identity). Then DoRA's
+        magnitude: the row norms of ``W + scale · B A``."""
         config = self.adapters[name]
         if config.init == "pissa":
             self._restore_base(name)
             self._pissa(name)
+        elif config.init == "goat":
+            self._restore_base(name)
+            self._goat(name)
+            nn.init.kaiming_uniform_(self.lora_route[name].weight, a=math.sqrt(5))  # the router as a linear layer's
         else:
             self._kaiming(name)
         if config.dora:
@@ -304,18 +341,37 @@ class LoraLayer(nn.Module):
     def _pissa(self, name: str) -> None:
         """PiSSA (module doc): ``A``, ``B`` from the top-r SVD of ``W``, kept in ``pissa_factors``, and
         ``W ← W − scale · B A`` (the products in PEFT's order, so float32 weights give PEFT's factors)."""
-        config, weight = self.adapters[name], self.base_layer.weight
+        config, weight, scale = self.adapters[name], self.base_layer.weight, self.scales[name]
         lora_a, lora_b = self.lora_A[name].weight, self.lora_B[name].weight
         flat = weight.detach().flatten(1).to(torch.promote_types(weight.dtype, torch.float32))
         u, singular, vh = torch.linalg.svd(flat, full_matrices=False)
-        root = (singular[: config.rank] / config.scale).sqrt()
+        root = (singular[: config.rank] / scale).sqrt()
         a, b = root[:, None] * vh[: config.rank], u[:, : config.rank] * root
         with torch.no_grad():
             lora_a.copy_(a.reshape(lora_a.shape))
             lora_b.copy_(b.reshape(lora_b.shape))
             self.pissa_factors[name].A.copy_(lora_a)
             self.pissa_factors[name].B.copy_(lora_b)
-            weight.copy_((flat - config.scale * b @ a).reshape(weight.shape))
+            weight.copy_((flat - scale * b @ a).reshape(weight.shape))
+
+    def _goat(self, name: str) -> None:
+        """GOAT's init (module doc): expert ``e`` from the first ``r_e`` singular triplets of segment ``e`` of ``W``'s
+        SVD, ``S / (scale ρ)`` split as square roots; the stacked factors kept in ``pissa_factors`` and
+        ``W ← W − scale · Σ_e B_e A_e / k``."""
+        config, weight, scale = self.adapters[name], self.base_layer.weight, self.scales[name]
+        flat = weight.detach().to(torch.promote_types(weight.dtype, torch.float32))
+        u, singular, vh = torch.linalg.svd(flat, full_matrices=False)
+        per_expert, segment = config.rank // config.experts, len(singular) // config.experts
+        chosen = torch.cat([torch.arange(e * segment, e * segment + per_expert) for e in range(config.experts)])
+        root = (singular[chosen] / (scale * GOAT_RHO)).sqrt()
+        a, b = root[:, None] * vh[chosen], u[:, chosen] * root
+        with torch.no_grad():
+            for e, (a_e, b_e) in enumerate(zip(self.lora_A[name], self.lora_B[name])):
+                a_e.weight.copy_(a[e * per_expert : (e + 1) * per_expert])
+                b_e.weight.copy_(b[:, e * per_expert : (e + 1) * per_expert])
+            self.pissa_factors[name].A.copy_(a)
+            self.pissa_factors[name].B.copy_(b)
+            weight.copy_(flat - scale * (b @ a) / config.experts)
 
     def init_from_gradient(self, name: str, gradient: torch.Tensor, gamma: float) -> None:
         """LoRA-One (module doc): ``A``, ``B`` from the top-r SVD of ``−gradient`` (the loss's gradient with respect to
@@ -349,10 +405,10 @@ class LoraLayer(nn.Module):
 
     def _restore_base(self, name: str) -> None:
         """``W ← W + scale · B₀ A₀``: the base weight PiSSA adapter ``name`` found (zero before its first init)."""
-        initial = self.pissa_factors[name]
+        initial, share = self.pissa_factors[name], 1 / (self.adapters[name].experts or 1)  # GOAT took 1 / k of it
         with torch.no_grad():
             weight = self.base_layer.weight
-            weight.add_(self._product(name, initial.A, initial.B).to(weight.dtype))
+            weight.add_(share * self._product(name, initial.A, initial.B).to(weight.dtype))
 
     def set_adapter(self, names: str | Sequence[str]) -> None:
         """Make ``names`` (one name or several; ``()`` for none: the base layer alone) the active adapters. Unlike
@@ -369,12 +425,13 @@ class LoraLayer(nn.Module):
             raise UserError(f"no LoRA adapter named '{name}'; this layer has {list(self.adapters) or 'none'}")
         if name in self.merged_adapters:
             raise UserError(f"LoRA adapter '{name}' is merged into the base weight; unmerge it first")
-        if self.adapters[name].init == "pissa":
+        if self.adapters[name].init in ("pissa", "goat"):
             self._restore_base(name)
         for container in (self.lora_dropout, self.pissa_factors, *(getattr(self, part) for part in CONTAINERS)):
             if name in container:
                 del container[name]
-        del self.adapters[name]
+        del self.adapters[name], self.scales[name]
+        self.balance_loss.pop(name, None)
         self.active_adapters = tuple(n for n in self.active_adapters if n != name)
 
     def adapter_parameters(self, name: str | None = None) -> dict[str, nn.Parameter]:
@@ -397,25 +454,48 @@ class LoraLayer(nn.Module):
     def update(self, name: str, x: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
         """Adapter ``name``'s contribution to the output (the module docstring's formula of its kind); ``base``: the
         base layer's output ``W x + b``, if at hand (DoRA reuses it)."""
-        config = self.adapters[name]
+        config, scale = self.adapters[name], self.scales[name]
         a, b, dropout = self.lora_A[name], self.lora_B[name], self.lora_dropout[name]
         if config.dora:
             return self._dora_update(name, x, base)
         if config.kind == "lora":
-            return self._factor_forward(name, dropout(x)) * config.scale
+            return self._factor_forward(name, dropout(x)) * scale
         gates = torch.softmax(self.lora_route[name](x), dim=-1)
         if config.kind == "hlora":
             gates = gates.repeat_interleave(config.rank // config.experts, dim=-1)
-            return b(gates * a(dropout(x))) * config.scale
+            return b(gates * a(dropout(x))) * scale
+        if config.kind == "goat":
+            gates = self._top_k_gates(name, gates)
         dropped, total = dropout(x), 0
-        for expert, (a_e, b_e) in enumerate(zip(a, b)):  # MoELoRA: one matmul pair per expert
+        for expert, (a_e, b_e) in enumerate(zip(a, b)):  # MoELoRA and GOAT: one matmul pair per expert
             total = total + gates[..., expert : expert + 1] * b_e(a_e(dropped))
-        return total * config.scale
+        return total * scale
+
+    def _top_k_gates(self, name: str, gates: torch.Tensor) -> torch.Tensor:
+        """GOAT's routing weights: the ``top_k`` largest router probabilities renormalised to sum to 1, the others 0
+        (shape of ``gates``, ``(..., k)``); while training with gradients, keeps the load-balancing loss
+        ``k · Σ_e f_e P_e`` in `balance_loss` until the step takes it (`take_balance_loss`)."""
+        config = self.adapters[name]
+        chosen, experts = gates.topk(config.top_k, dim=-1)
+        routed = torch.zeros_like(gates).scatter(-1, experts, chosen / chosen.sum(dim=-1, keepdim=True))
+        if not (self.training and torch.is_grad_enabled()):
+            return routed
+        flat = gates.reshape(-1, config.experts)
+        counts = torch.bincount(experts.reshape(-1), minlength=config.experts).to(gates.dtype)
+        self.balance_loss[name] = config.experts * (counts / len(flat) * flat.mean(dim=0)).sum()
+        return routed
+
+    def take_balance_loss(self) -> torch.Tensor | float:
+        """The sum of the GOAT load-balancing losses the last training forward kept (0 if none), which the layer then
+        forgets (a kept graph would stop the model from being copied)."""
+        total = sum(self.balance_loss.values(), 0.0)
+        self.balance_loss.clear()
+        return total
 
     def _dora_update(self, name: str, x: torch.Tensor, base: torch.Tensor | None) -> torch.Tensor:
         """PEFT's DoRA term ``(f − 1) ⊙ W dropout(x) + f ⊙ scale · B A dropout(x)``, ``f = m / ||W + scale·B A||``
         detached; ``W x`` is taken from ``base`` (minus the bias) while the dropout is inactive."""
-        config, layer = self.adapters[name], self.base_layer
+        layer = self.base_layer
         dropped = self.lora_dropout[name](x)
         factor = self._dora_factor(name, self._lora_weight(name))
         channel = (1, -1) + (1,) * (x.dim() - 2) if isinstance(layer, (nn.Conv1d, nn.Conv2d)) else (-1,)
@@ -428,7 +508,7 @@ class LoraLayer(nn.Module):
             base = base - layer.bias.view(channel)
         factor = factor.view(channel)
         lora = self._factor_forward(name, dropped)
-        return (factor - 1) * base + factor * lora * config.scale
+        return (factor - 1) * base + factor * lora * self.scales[name]
 
     def _factor_weights(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``(A, B)`` plain adapter ``name`` computes with: its factors, or RepLoRA's MLP of them."""
@@ -513,7 +593,7 @@ class LoraLayer(nn.Module):
 
     @property
     def scale(self) -> float:
-        return self.adapters[self._only()].scale
+        return self.scales[self._only()]
 
     @property
     def compute(self) -> str:
@@ -545,7 +625,7 @@ class LoraLayer(nn.Module):
 
     def _product(self, name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``scale · B A`` of factors ``a`` (``lora_A``'s shape) and ``b`` of adapter ``name``, shaped as ``W``."""
-        return (b.flatten(1) @ a.flatten(1)).reshape(self.base_layer.weight.shape) * self.adapters[name].scale
+        return (b.flatten(1) @ a.flatten(1)).reshape(self.base_layer.weight.shape) * self.scales[name]
 
     def _lora_weight(self, name: str) -> torch.Tensor:
         """``scale · B A`` of plain adapter ``name``."""
@@ -606,7 +686,7 @@ class LoraLayer(nn.Module):
 
     def extra_repr(self) -> str:
         adapters = ", ".join(
-            f"{n}: {c.kind} r={c.rank} scale={c.scale:g}"
+            f"{n}: {c.kind} r={c.rank} scale={self.scales[n]:g}"
             + (f" init={c.init}" if c.init != "kaiming" else "")
             + (" dora" if c.dora else "")
             + (f" reparam={c.reparam}" if c.reparam != "none" else "")

@@ -11,7 +11,15 @@ import torch
 from torch import nn
 from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, INITS, OBJECTIVES, REPARAMS, SCALINGS
 from workbench.adaptation.lora.flat import perturbed, sigma_at
-from workbench.adaptation.lora.model import adapter_state, apply, init_lora_one, load_state, merge, target_names
+from workbench.adaptation.lora.model import (
+    adapter_state,
+    apply,
+    init_lora_one,
+    load_state,
+    lora_layers,
+    merge,
+    target_names,
+)
 
 from workbench.method import Method, PlanInputs, Stage
 from workbench.model import require
@@ -36,16 +44,17 @@ REFINEMENT_OPTIONS = (
         str,
         "kaiming",
         "adapter init: 'kaiming' (A Kaiming-uniform, B = 0, PEFT's default), 'pissa' (top-r singular triplets of "
-        "each weight, which keeps the residual) or 'lora-one' (top-r singular triplets of one full-batch gradient "
-        "over the training samples)",
+        "each weight, which keeps the residual), 'lora-one' (top-r singular triplets of one full-batch gradient "
+        "over the training samples) or 'goat' (GOAT: top-k routed experts from segments of each weight's SVD; "
+        "lora only)",
         choices=INITS,
     ),
     Option(
         "lora_scaling",
         str,
         "standard",
-        "update scale: 'standard' (alpha / rank) or 'rslora' (alpha / sqrt(rank)); named apart from the tasks' input "
-        "--scaling",
+        "update scale: 'standard' (alpha / rank), 'rslora' (alpha / sqrt(rank)) or 'goat' (GOAT's sqrt(3 n_in / "
+        "expert rank), with --init goat); named apart from the tasks' input --scaling",
         choices=SCALINGS,
     ),
     Option("dora", bool, False, "DoRA: a trained magnitude per output unit times the normalised adapted weight"),
@@ -60,6 +69,14 @@ REFINEMENT_OPTIONS = (
 )
 #: Samples per forward pass while LoRA-One takes its full-batch gradient (the mean is over all of them).
 GRADIENT_CHUNK = 32
+
+
+#: GOAT's options (``--init goat``), the authors' values: 8 experts, 2 per token, load-balancing weight 1e-3.
+GOAT_OPTIONS = (
+    Option("experts", int, 8, "GOAT's experts per layer (--init goat; rank must be a multiple)"),
+    Option("top_k", int, 2, "GOAT's experts each token is sent to (--init goat)"),
+    Option("goat_aux", float, 1e-3, "weight of GOAT's load-balancing loss added to the task's loss (--init goat)"),
+)
 
 
 def refinements(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -96,6 +113,13 @@ class LoRA(Method):
     ``--init pissa``, ``--lora-scaling rslora`` and ``--dora`` are PEFT's PiSSA, rsLoRA and DoRA (see
     `workbench.adaptation.lora.config`). ``--init lora-one`` sets the adapters in `setup`, before training, from the
     gradient of the task's loss over every training sample (`workbench.adaptation.lora.init_lora_one`, ``--gamma``).
+
+    ``--init goat`` is GOAT (`workbench.adaptation.lora.layer`): ``--experts`` experts of ``rank / experts`` ranks on
+    every linear layer of the targets (its router works token by token, so convolutions are left out when no
+    ``--targets`` are given; naming one is refused), each token sent to ``--top-k`` of them, the experts set from
+    segments of each weight's SVD; its step adds ``--goat-aux`` times the layers' load-balancing loss to the task's
+    loss. ``--lora-scaling goat`` is GOAT's derived scale. GOAT's update depends on the input: `merge` leaves it
+    unmerged (the adapted model runs as it is).
 
     ``--reparam replora`` computes with RepLoRA's MLP of the factors (`workbench.adaptation.lora.layer`).
     ``--objective flat-lora`` trains on Flat-LoRA's loss (`workbench.adaptation.lora.flat`): each step's forward and
@@ -139,33 +163,45 @@ class LoRA(Method):
             choices=OBJECTIVES,
         ),
         Option("flat_sigma", float, 0.05, "Flat-LoRA's relative noise size sigma (the authors' rho)"),
+        *GOAT_OPTIONS,
     )
+
     def check(self, task, data, model: nn.Module) -> None:
         """The model declares LoRA target groups (and a head when ``--head train``); the targets exist."""
         super().check(task, data, model)
         if self.config["head"] == "train":
             require(model, self.name, "head")
-        target_names(model, self._targets())
+        target_names(model, self._targets(model))
 
-    def _targets(self) -> list[str] | None:
-        return [entry.strip() for entry in self.config["targets"].split(",") if entry.strip()] or None
+    def _targets(self, model: nn.Module) -> list[str] | None:
+        """The ``targets`` option's entries (None: every declared group); GOAT without ``targets``: the linear layers
+        of every declared group."""
+        chosen = [entry.strip() for entry in self.config["targets"].split(",") if entry.strip()] or None
+        if chosen is None and self.config["init"] == "goat":
+            modules = dict(model.named_modules())
+            return [name for name in target_names(model, None) if isinstance(modules[name], nn.Linear)]
+        return chosen
 
     def prepare(self, model: nn.Module) -> nn.Module:
         train = ()
         if self.config["head"] == "train":
             train = (f"{require(model, self.name, 'head').head}.*",)
+        goat = self.config["init"] == "goat"
         return apply(
             model,
-            targets=self._targets(),
+            targets=self._targets(model),
             rank=self.config["rank"],
             alpha=self.config["alpha"],
             dropout=self.config["dropout"],
             conv_rank=self.config["conv_rank"],
             train=train,
-            compute=self.config["compute"],
+            compute="input" if goat else self.config["compute"],  # routed experts depend on the input
             **refinements(self.config),
             objective=self.config["objective"],
             flat_sigma=self.config["flat_sigma"],
+            kind="goat" if goat else None,
+            experts=self.config["experts"] if goat else None,
+            top_k=self.config["top_k"],
         )
 
     def setup(self, task, model: nn.Module, data, seed: int) -> None:
@@ -176,8 +212,10 @@ class LoRA(Method):
             init_from_task_gradient(task, model, data, self.config["gamma"])
 
     def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
-        """One stage; with ``--objective flat-lora`` its step is `flat_step`."""
+        """One stage; with ``--objective flat-lora`` its step is `flat_step`, with ``--init goat`` `goat_step`."""
         stages = super().plan(task, model, data, inputs)
+        if self.config["init"] == "goat":
+            return [dataclasses.replace(stages[0], gradients=functools.partial(self.goat_step, task))]
         if self.config["objective"] != "flat-lora":
             return stages
         settings = inputs.settings
@@ -194,6 +232,14 @@ class LoRA(Method):
         loss.backward()
         return loss.detach()
 
+    def goat_step(self, task, model: nn.Module, batch: Any, step: int) -> torch.Tensor:
+        """GOAT's step: the task's training loss plus ``goat_aux`` times the sum of the layers' load-balancing losses
+        of this forward (the authors' trainer), backpropagated; returns the detached task loss."""
+        loss = task.loss(model, batch, True)
+        balance = sum(layer.take_balance_loss() for layer in lora_layers(model).values())
+        (loss + self.config["goat_aux"] * balance).backward()
+        return loss.detach()
+
     def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The adapter and the parameters trained in full by their file names (`adapter_state`: PEFT's, without the
         adapter name), so a run's ``adapter.safetensors`` keeps its names whatever the adapter is called."""
@@ -205,4 +251,5 @@ class LoRA(Method):
         load_state(model, state, source)
 
     def merge(self, model: nn.Module) -> nn.Module:
-        return merge(model)
+        """The adapters folded into the weights; GOAT's routed experts have no merged form: the model as it is."""
+        return model if self.config["init"] == "goat" else merge(model)

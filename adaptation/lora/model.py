@@ -73,6 +73,8 @@ def apply(
     reparam: str = "none",
     objective: str = "plain",
     flat_sigma: float = 0.05,
+    kind: str | None = None,
+    top_k: int = 2,
 ) -> nn.Module:
     """Wrap ``model``'s target layers in `LoraLayer` s in place, freeze everything else and return the model.
 
@@ -103,6 +105,9 @@ def apply(
         objective: ``"plain"`` (default) or ``"flat-lora"``: kept in the config for the trainer (Flat-LoRA's loss,
             `workbench.adaptation.lora.flat`); the layers compute the same either way.
         flat_sigma: Flat-LoRA's relative noise size (default 0.05).
+        kind: the adapters' kind (`workbench.adaptation.lora.KINDS`); None (default): ``"hlora"`` with ``experts``,
+            ``"lora"`` without. ``"goat"``: GOAT's top-k routed experts (with ``init="goat"``, ``scaling="goat"``).
+        top_k: GOAT's experts per token (default 2).
 
     The adapter is named ``"default"`` (PEFT's name) and active. A model that already carries LoRA layers is refused
     (merge them first, or `add_adapter`); parametrizations of the model are left as they are. The `LoraConfig` is
@@ -124,6 +129,8 @@ def apply(
         reparam=reparam,
         objective=objective,
         flat_sigma=flat_sigma,
+        kind=kind,
+        top_k=top_k,
     )
     return apply_config(model, config)
 
@@ -422,8 +429,9 @@ def set_adapter_weights(
         layer = layers[name]
         if adapter in layer.merged_adapters:
             raise UserError(f"set_adapter_weights: LoRA layer '{name}' is merged; unmerge(model) first")
-        if layer.adapters[adapter].kind == "moelora":
-            raise UserError(f"set_adapter_weights: '{name}': a moelora adapter has no single A and B")
+        if layer.adapters[adapter].kind in ("moelora", "goat"):
+            kind = layer.adapters[adapter].kind
+            raise UserError(f"set_adapter_weights: '{name}': a {kind} adapter has no single A and B")
         targets[name] = (layer.lora_A[adapter].weight, layer.lora_B[adapter].weight)
         for what, value, param in (("A", a, targets[name][0]), ("B", b, targets[name][1])):
             if tuple(value.shape) != tuple(param.shape):
