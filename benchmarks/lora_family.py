@@ -94,6 +94,25 @@ def train_size(domain: str, share: int) -> int | None:
     return None if share == 100 else max(1, round(TRAIN_SAMPLES[domain] * share / 100))
 
 
+#: LIFT's options per domain where the task sets LoRA's own (sleepedf: `workbench.domains.eeg.task.LBM_LORA`, conv +
+#: qkv at rank 8): the same targets, and masks of as many entries as that LoRA's factors (6,812 vs 6,758).
+LIFT_OPTIONS = {"sleepedf": {"targets": "conv,qkv", "budget_rank": 8}}
+#: Options of every entry on a domain: medvl's comprehension records leave the last vision layer and the generation
+#: projector without gradient (LoRA-One refuses such targets), so every entry adapts the language model's linears
+#: (the ``language`` group, H-LoRA's).
+COMMON_OPTIONS = {"medvl": {"targets": "language"}}
+
+
+def entry_options(domain: str) -> dict[str, dict[str, Any]]:
+    """The options of each entry on ``domain`` (plain ``lora`` takes the domain's common ones alone)."""
+    common = COMMON_OPTIONS.get(domain, {})
+    options = {label: {**common, **variant} for label, variant in VARIANTS.items()}
+    options["lift"] = {**common, **LIFT_OPTIONS.get(domain, {})}
+    if common:
+        options["lora"] = dict(common)
+    return {label: chosen for label, chosen in options.items() if chosen}
+
+
 def spec(domain: str, share: int) -> CompareSpec:
     """The comparison of every entry on ``domain`` at ``share`` % of a fold's training samples."""
     settings = DOMAINS[domain]
@@ -110,7 +129,7 @@ def spec(domain: str, share: int) -> CompareSpec:
         batch_size=min(settings["batch"], size or settings["batch"]),
         learning_rate=LEARNING_RATE,
         data=settings.get("data"),
-        method_options=VARIANTS,
+        method_options=entry_options(domain),
     )
 
 
