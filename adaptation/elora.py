@@ -30,8 +30,17 @@ A block whose smaller side is below ``r`` gets that smaller rank instead (``A @ 
 reach every matrix of the block then, so nothing is lost but parameters); the scale stays ``alpha / r``.
 
 Initialisation as the authors': ``A ~ N(0, 1)``, ``B = 0``, so the adapted model starts identical to
-the base model. `merge` folds the updates into the weights and returns a plain model; it removes ELoRA's own
-parametrizations only, and a model's other parametrizations stay as they are.
+the base model.
+
+The LoRA refinements that act in weight space, block by block, keep equivariance and are options of `apply` and of
+the method (`workbench.adaptation.elora_refinements`): PiSSA and LoRA-One initialisation (``init``), rsLoRA's scale
+(``scaling``), RepLoRA's MLP of each block's factors (``reparam``), DoRA's magnitude per output unit of each block
+(``dora``) and Flat-LoRA's per-unit noise on the adapted weights (`perturbed`, ``objective="flat-lora"``). GOAT's
+token-routed experts would gate on non-scalar features and mix irreps components: refused. On cuEquivariance's
+symmetric contraction only ``scaling`` is built.
+
+`merge` folds the updates into the weights and returns a plain model; it removes ELoRA's own parametrizations only,
+and a model's other parametrizations stay as they are.
 
 What ELoRA shares with `workbench.adaptation.lora`: the adapter file (one safetensors file whose metadata holds
 the method and its configuration, loaded with a matched / missing / unexpected report, `lora.io`). What it does
@@ -49,21 +58,29 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from e3nn import o3
 from e3nn.nn._fc import _Layer as RadialLayer
 from torch import nn
 from torch.nn.utils import parametrize
+from workbench.adaptation.elora_refinements import BlockLowRank, check_refinements, scale_of
+from workbench.adaptation.lora.config import OBJECTIVES
+from workbench.adaptation.lora.flat import sigma_at
 from workbench.adaptation.lora.io import load_into, read_adapter, write_adapter
+from workbench.adaptation.lora.method import GRADIENT_CHUNK, REFINEMENT_OPTIONS, LoRA
 
 from workbench.errors import UserError
-from workbench.method import Method
+from workbench.method import Method, PlanInputs, Stage
 from workbench.options import Option
 from workbench.registry import methods
+from workbench.trainer import distributed
 
 try:  # MACE is optional: without it ELoRA still adapts any e3nn model
     from mace.modules.symmetric_contraction import Contraction as MaceContraction
@@ -77,73 +94,144 @@ except ImportError:
     cue = cuet = None
 
 
-class PathLowRank(nn.Module):
+class PathLowRank(BlockLowRank):
     """Per-path low-rank update of a flat e3nn weight (``o3.Linear``, ``o3.TensorProduct``).
 
     Args:
         path_shapes: block shape of each weighted path, in the weight's order (``(mul_in, mul_out)``
             for ``o3.Linear``, ``(u, v, w)`` for a ``uvw`` tensor product).
-        rank, alpha: LoRA rank ``r`` and scale ``alpha`` (the update is multiplied by ``alpha / r``).
+        rank, alpha: LoRA rank ``r`` and scale ``alpha`` (the update is multiplied by ``alpha / r``, or
+            ``alpha / sqrt(r)`` with ``scaling="rslora"``).
+        scaling, reparam, dora: the refinements (`workbench.adaptation.elora_refinements`).
 
     Shapes:
-        weight ``(sum_p prod(path_shape_p),)`` -> same.
+        weight ``(sum_p prod(path_shape_p),)`` -> same; block ``p`` is ``(prod(path_shape_p[:-1]), path_shape_p[-1])``.
     """
 
     def __init__(
-        self, path_shapes: list[tuple[int, ...]], rank: int, alpha: float, dtype: torch.dtype, device: torch.device
+        self,
+        path_shapes: list[tuple[int, ...]],
+        rank: int,
+        alpha: float,
+        dtype: torch.dtype,
+        device: torch.device,
+        scaling: str = "standard",
+        reparam: str = "none",
+        dora: bool = False,
     ):
         super().__init__()
-        self.scale = alpha / rank
-        blocks = [(math.prod(shape[:-1]), shape[-1]) for shape in path_shapes]
-        ranks = [min(rank, rows, cols) for rows, cols in blocks]
+        self.shapes = [(math.prod(shape[:-1]), shape[-1]) for shape in path_shapes]
+        ranks = [min(rank, rows, cols) for rows, cols in self.shapes]
         self.A = nn.ParameterList(
-            [nn.Parameter(torch.randn(rows, r, dtype=dtype, device=device)) for (rows, _), r in zip(blocks, ranks)]
+            [nn.Parameter(torch.randn(rows, r, dtype=dtype, device=device)) for (rows, _), r in zip(self.shapes, ranks)]
         )
         self.B = nn.ParameterList(
-            [nn.Parameter(torch.zeros(r, cols, dtype=dtype, device=device)) for (_, cols), r in zip(blocks, ranks)]
+            [nn.Parameter(torch.zeros(r, cols, dtype=dtype, device=device)) for (_, cols), r in zip(self.shapes, ranks)]
         )
+        self.divisors = [1.0] * len(self.shapes)
+        self._setup_refinements(scaling, reparam, dora, alpha, rank)
 
-    def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        delta = torch.cat([(a @ b).reshape(-1) for a, b in zip(self.A, self.B)])
-        return weight + self.scale * delta
+    def pairs(self):
+        return list(zip(self.A, self.B))
+
+    def blocks(self, weight):
+        sizes = [rows * cols for rows, cols in self.shapes]
+        return [part.reshape(shape) for part, shape in zip(weight.split(sizes), self.shapes)]
+
+    def assemble(self, blocks):
+        return torch.cat([block.reshape(-1) for block in blocks])
 
 
-class DenseLowRank(nn.Module):
-    """Dense low-rank update ``W += (alpha / r) · A @ B`` of a 2-D weight.
+class DenseLowRank(BlockLowRank):
+    """Dense low-rank update ``W += scale · A @ B`` of a 2-D weight (one block).
+
+    ``outputs_first``: the weight is ``(out, in)`` (``torch.nn.Linear``) rather than e3nn's ``(in, out)``.
 
     Shapes:
         weight ``(rows, cols)`` -> same; ``A (rows, r)``, ``B (r, cols)``.
     """
 
-    def __init__(self, shape: tuple[int, int], rank: int, alpha: float, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        shape: tuple[int, int],
+        rank: int,
+        alpha: float,
+        dtype: torch.dtype,
+        device: torch.device,
+        scaling: str = "standard",
+        reparam: str = "none",
+        dora: bool = False,
+        outputs_first: bool = False,
+    ):
         super().__init__()
-        self.scale = alpha / rank
         rank_used = min(rank, *shape)
+        self.outputs_first = outputs_first
         self.A = nn.Parameter(torch.randn(shape[0], rank_used, dtype=dtype, device=device))
         self.B = nn.Parameter(torch.zeros(rank_used, shape[1], dtype=dtype, device=device))
+        self.divisors = [1.0]
+        self._setup_refinements(scaling, reparam, dora, alpha, rank)
 
-    def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight + self.scale * (self.A @ self.B)
+    def pairs(self):
+        return [(self.A, self.B)]
+
+    def blocks(self, weight):
+        return [weight]
+
+    def assemble(self, blocks):
+        return blocks[0]
+
+    def units(self, index, block):
+        return (block.T if self.outputs_first else block)[None]
+
+    def from_units(self, index, units):
+        return units[0].T if self.outputs_first else units[0]
 
 
-class ElementLowRank(nn.Module):
-    """Update of MACE's highest-order contraction weights: ``W_e += (alpha/r) · (A_e / n_params) @ B``.
+class ElementLowRank(BlockLowRank):
+    """Update of MACE's highest-order contraction weights: ``W_e += scale · (A_e / n_params) @ B``.
+
+    One block: the weights stacked over elements, ``(n_elements · n_params, channels)`` (``B`` is shared), whose
+    output units are read per element (``(n_elements, n_params, channels)``).
 
     Shapes:
         weight ``(n_elements, n_params, channels)`` -> same; ``A (n_elements, n_params, r)`` per
         element, ``B (r, channels)`` shared by all elements.
     """
 
-    def __init__(self, shape: tuple[int, int, int], rank: int, alpha: float, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        shape: tuple[int, int, int],
+        rank: int,
+        alpha: float,
+        dtype: torch.dtype,
+        device: torch.device,
+        scaling: str = "standard",
+        reparam: str = "none",
+        dora: bool = False,
+    ):
         super().__init__()
+        self.shape = shape
         n_elements, self.n_params, channels = shape
-        self.scale = alpha / rank
         rank_used = min(rank, n_elements * self.n_params, channels)
         self.A = nn.Parameter(torch.randn(n_elements, self.n_params, rank_used, dtype=dtype, device=device))
         self.B = nn.Parameter(torch.zeros(rank_used, channels, dtype=dtype, device=device))
+        self.divisors = [float(self.n_params)]
+        self._setup_refinements(scaling, reparam, dora, alpha, rank)
 
-    def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight + self.scale * (self.A / self.n_params) @ self.B
+    def pairs(self):
+        return [(self.A.view(-1, self.A.shape[-1]), self.B)]
+
+    def blocks(self, weight):
+        return [weight.reshape(-1, weight.shape[-1])]
+
+    def assemble(self, blocks):
+        return blocks[0].reshape(self.shape)
+
+    def units(self, index, block):
+        return block.reshape(self.shape)
+
+    def from_units(self, index, units):
+        return units.reshape(-1, units.shape[-1])
 
 
 class ContractionLowRank(nn.Module):
@@ -169,11 +257,12 @@ class ContractionLowRank(nn.Module):
         train_lower_order: bool,
         dtype: torch.dtype,
         device: torch.device,
+        scaling: str = "standard",
     ):
         super().__init__()
         n_elements, _, channels = shape
         self.blocks = blocks
-        self.scale = alpha / rank
+        self.scale = scale_of(alpha, rank, scaling)
         self.A, self.B, self.D = nn.ParameterList(), nn.ParameterList(), nn.ParameterList()
         for highest, n_params in blocks:
             if highest:
@@ -200,6 +289,11 @@ class ContractionLowRank(nn.Module):
             delta = torch.einsum("zau,ab->zbu", delta, self.projection)
         return weight + delta
 
+
+#: `apply`'s options beside rank, alpha and ``train_lower_order`` (in the adapter file's metadata).
+REFINEMENT_KEYS = ("init", "scaling", "reparam", "dora", "objective", "flat_sigma")
+#: The LoRA package's options the `ELoRA` method shares, by name.
+_LORA_OPTIONS = {option.name: option for option in (*REFINEMENT_OPTIONS, *LoRA.options)}
 
 #: The parametrizations ELoRA registers (what `merge` removes; `apply` refuses a model already carrying one).
 ADAPTERS = (PathLowRank, DenseLowRank, ElementLowRank, ContractionLowRank)
@@ -260,7 +354,18 @@ def _targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str]]:
                 yield module, "weights_max", "element"
 
 
-def apply(model: nn.Module, rank: int = 16, alpha: float = 16.0, train_lower_order: bool = True) -> nn.Module:
+def apply(
+    model: nn.Module,
+    rank: int = 16,
+    alpha: float = 16.0,
+    train_lower_order: bool = True,
+    init: str = "kaiming",
+    scaling: str = "standard",
+    reparam: str = "none",
+    dora: bool = False,
+    objective: str = "plain",
+    flat_sigma: float = 0.05,
+) -> nn.Module:
     """Attach ELoRA adapters to ``model`` in place, freeze everything else and return it.
 
     Args:
@@ -268,25 +373,51 @@ def apply(model: nn.Module, rank: int = 16, alpha: float = 16.0, train_lower_ord
         rank: LoRA rank ``r`` of every update (default 16, the authors').
         alpha: scale; updates are multiplied by ``alpha / rank`` (default 16).
         train_lower_order: also train MACE's lower-order symmetric-contraction weights in full.
+        init: ``"kaiming"`` (default; the name LoRA's options give their default init, on ELoRA the authors'
+            ``A ~ N(0, 1)``, ``B = 0``), ``"pissa"`` (each block's top-r singular triplets, the base block keeping
+            the residual) or ``"lora-one"`` (ELoRA's own init until `init_lora_one` sets the factors).
+        scaling: ``"standard"`` (``alpha / r``) or ``"rslora"`` (``alpha / sqrt(r)``).
+        reparam: ``"none"`` or ``"replora"`` (each block's factors through its RepLoRA MLP).
+        dora: DoRA's magnitude per output unit of each block (default False).
+        objective: ``"plain"`` or ``"flat-lora"`` (how the `ELoRA` method trains; recorded in the adapter file).
+        flat_sigma: Flat-LoRA's relative noise size ``σ`` (default 0.05).
+
+    See `workbench.adaptation.elora_refinements` for the refinements; GOAT (token-routed experts) is refused.
+    cuEquivariance's symmetric contraction takes ``scaling`` only.
     """
-    if rank < 1:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise UserError(f"ELoRA rank must be a positive integer, got {rank}")
+    check_refinements(init, scaling, reparam, dora)
+    if objective not in OBJECTIVES:
+        raise UserError(f"ELoRA objective must be one of {OBJECTIVES}, got {objective!r}")
+    if isinstance(flat_sigma, bool) or not isinstance(flat_sigma, (int, float)) or not flat_sigma >= 0:
+        raise UserError(f"ELoRA flat_sigma must be a number >= 0, got {flat_sigma!r}")
     if _adapted(model):
         raise UserError("this model already carries ELoRA adapters; merge them first (elora.merge)")
-    model.requires_grad_(False)
     targets = list(_targets(model))
     if not targets:
         raise UserError(
             f"{type(model).__name__} has no e3nn Linear, tensor-product, radial-MLP or "
             "symmetric-contraction weights: ELoRA does not fit this model"
         )
+    refined = {"init": init != "kaiming", "reparam": reparam != "none", "dora": dora, "objective": objective != "plain"}
+    if any(kind == "contraction" for *_, kind in targets) and any(refined.values()):
+        asked = [name for name, on in refined.items() if on]
+        raise UserError(
+            f"ELoRA's {', '.join(asked)} refinement(s) are not built for cuEquivariance's symmetric contraction (one "
+            "weight stacking every order); use --backend e3nn, or leave them at their defaults"
+        )
+    model.requires_grad_(False)
     for module, attribute, kind in targets:
         weight = getattr(module, attribute)
-        kwargs = dict(rank=rank, alpha=alpha, dtype=weight.dtype, device=weight.device)
+        kwargs = dict(rank=rank, alpha=alpha, dtype=weight.dtype, device=weight.device, scaling=scaling)
+        refinements = dict(reparam=reparam, dora=dora)
         if kind == "path":
-            adapter = PathLowRank(_weighted_path_shapes(module), **kwargs)
+            adapter = PathLowRank(_weighted_path_shapes(module), **kwargs, **refinements)
         elif kind == "dense":
-            adapter = DenseLowRank(tuple(weight.shape), **kwargs)
+            adapter = DenseLowRank(
+                tuple(weight.shape), **kwargs, **refinements, outputs_first=isinstance(module, nn.Linear)
+            )
         elif kind == "contraction":
             adapter = ContractionLowRank(
                 module.elora_blocks,
@@ -296,14 +427,112 @@ def apply(model: nn.Module, rank: int = 16, alpha: float = 16.0, train_lower_ord
                 **kwargs,
             )
         else:
-            adapter = ElementLowRank(tuple(weight.shape), **kwargs)
+            adapter = ElementLowRank(tuple(weight.shape), **kwargs, **refinements)
             if train_lower_order:
                 for lower in module.weights:
                     lower.requires_grad_(lower.numel() > 0)
+        if isinstance(adapter, BlockLowRank):
+            adapter.reset_magnitude(weight.detach())
         parametrize.register_parametrization(module, attribute, adapter)
-        getattr(module.parametrizations, attribute).original.requires_grad_(False)
-    model._elora_config = {"rank": rank, "alpha": alpha, "train_lower_order": train_lower_order}
+        original = getattr(module.parametrizations, attribute).original
+        original.requires_grad_(False)
+        if init == "pissa":
+            adapter.init_pissa(original)
+    model._elora_config = {
+        "rank": rank,
+        "alpha": alpha,
+        "train_lower_order": train_lower_order,
+        "init": init,
+        "scaling": scaling,
+        "reparam": reparam,
+        "dora": dora,
+        "objective": objective,
+        "flat_sigma": float(flat_sigma),
+    }
     return model
+
+
+def _block_adapters(model: nn.Module) -> list[tuple[str, nn.Module, str, BlockLowRank]]:
+    """(module name, module, attribute, adapter) of every `BlockLowRank` adapter, in module order."""
+    out = []
+    for name, module in model.named_modules():
+        if parametrize.is_parametrized(module):
+            for attribute, stack in module.parametrizations.items():
+                out.extend((name, module, attribute, p) for p in stack if isinstance(p, BlockLowRank))
+    return out
+
+
+def init_lora_one(
+    model: nn.Module, loss: Callable[[nn.Module, Any], torch.Tensor], batches: Iterable[tuple[Any, int]], gamma: float
+) -> dict[str, torch.Tensor]:
+    """LoRA-One's factors of every block of a model adapted with ``init="lora-one"``, from one full-batch gradient.
+
+    As `workbench.adaptation.lora.init_lora_one` (same ``γ``, same sign: the factors from ``−G``), block by block
+    (`workbench.adaptation.elora_refinements`): ``G`` is the gradient of the mean of ``loss(model, batch)`` over every
+    sample of ``batches`` (``(batch, number of samples)`` pairs) w.r.t. each adapted base weight, taken in eval mode
+    before training. Returns ``{module name.attribute: G}``; ``requires_grad`` and ``.grad`` are left as they were.
+    """
+    config = getattr(model, "_elora_config", None)
+    if config is None or config.get("init") != "lora-one":
+        raise UserError("elora.init_lora_one initialises a model adapted with elora.apply(..., init='lora-one')")
+    if not gamma > 0:
+        raise UserError(f"LoRA-One's gamma must be positive, got {gamma}")
+    adapters = _block_adapters(model)
+    originals = [getattr(module.parametrizations, attribute).original for _, module, attribute, _ in adapters]
+    flags, mode = [w.requires_grad for w in originals], model.training
+    total, count = [torch.zeros_like(w) for w in originals], 0
+    try:
+        model.eval()
+        for w in originals:
+            w.requires_grad_(True)
+        for batch, n in batches:
+            grads = torch.autograd.grad(loss(model, batch), originals, allow_unused=True)
+            for sum_, grad in zip(total, grads):
+                if grad is not None:
+                    sum_.add_(grad, alpha=n)
+            count += n
+    finally:
+        for w, flag in zip(originals, flags):
+            w.requires_grad_(flag)
+        model.train(mode)
+    if not count:
+        raise UserError("elora.init_lora_one: no samples in batches")
+    gradients = {}
+    for (name, _, attribute, adapter), original, sum_ in zip(adapters, originals, total):
+        gradients[f"{name}.{attribute}"] = sum_ / count
+        adapter.init_from_gradient(original, sum_ / count, gamma)
+    return gradients
+
+
+def perturbations(model: nn.Module, seed: int, sigma: float) -> dict[str, torch.Tensor]:
+    """Flat-LoRA's noise ``{module name.attribute: ε}`` of every adapted weight in module order, from one generator
+    seeded with ``seed`` (on the weights' device), at the current adapted weights (`BlockLowRank.noise`)."""
+    if sigma < 0:
+        raise UserError(f"Flat-LoRA's sigma must be >= 0, got {sigma}")
+    adapters = _block_adapters(model)
+    if not adapters:
+        raise UserError(f"this {type(model).__name__} carries no ELoRA adapter to perturb (call elora.apply first)")
+    generator = torch.Generator(device=adapters[0][3].pairs()[0][1].device).manual_seed(seed)
+    out = {}
+    with torch.no_grad():
+        for name, module, attribute, adapter in adapters:
+            adapter.perturbation = None
+            out[f"{name}.{attribute}"] = adapter.noise(getattr(module, attribute), sigma, generator)
+    return out
+
+
+@contextmanager
+def perturbed(model: nn.Module, seed: int, sigma: float) -> Iterator[None]:
+    """Within the block every adapted weight is ``W' + ε`` (`perturbations` of ``seed``); none after it."""
+    noise = perturbations(model, seed, sigma)
+    adapters = _block_adapters(model)
+    try:
+        for name, _, attribute, adapter in adapters:
+            adapter.perturbation = noise[f"{name}.{attribute}"]
+        yield
+    finally:
+        for *_, adapter in adapters:
+            adapter.perturbation = None
 
 
 def merge(model: nn.Module) -> nn.Module:
@@ -327,8 +556,12 @@ def merge(model: nn.Module) -> nn.Module:
 
 
 def save_adapter(model: nn.Module, path: str | Path) -> None:
-    """Write the adapter alone: its tensors (every ``A``/``B`` and the lower-order weights it trains) in
-    one safetensors file whose metadata holds rank, alpha and ``train_lower_order``."""
+    """Write the adapter alone: its tensors (every ``A``/``B``, RepLoRA's MLPs, DoRA's magnitudes and the
+    lower-order weights it trains) in one safetensors file whose metadata holds `apply`'s options.
+
+    A PiSSA adapter's file holds no residual base: the residual is a function of the base weights alone (the best
+    rank-r approximation does not depend on the singular vectors' signs), and `load_adapter` recomputes it from the
+    base model it is given, as `workbench.adaptation.lora` does (PEFT's convention)."""
     config = getattr(model, "_elora_config", None)
     if config is None:
         raise UserError("this model carries no ELoRA adapter (call elora.apply first)")
@@ -346,14 +579,26 @@ def load_adapter(model: nn.Module, path: str | Path) -> nn.Module:
         options = {key: config[key] for key in ("rank", "alpha", "train_lower_order")}
     except (KeyError, TypeError):
         raise UserError(f"{path}: not an ELoRA adapter (no ELoRA configuration in its metadata)") from None
-    apply(model, **options)
+    options.update({key: config[key] for key in REFINEMENT_KEYS if key in config})  # files before refinements: none
+    try:
+        apply(model, **options)
+    except UserError as error:
+        raise UserError(f"{path}: {error}") from None
     load_into({n: p for n, p in model.named_parameters() if p.requires_grad}, tensors, path, strict=True)
     return model
 
 
 @methods.register
 class ELoRA(Method):
-    """ELoRA as a workbench method (see the module docstring)."""
+    """ELoRA as a workbench method (see the module docstring), with the LoRA refinements that stay equivariant.
+
+    ``--init pissa|lora-one``, ``--lora-scaling rslora``, ``--reparam replora``, ``--dora`` are `apply`'s options
+    (`workbench.adaptation.elora_refinements`); ``--init lora-one`` sets the factors in `setup` from the gradient of
+    the task's training loss (energy and forces) over every training frame (`init_lora_one`, ``--gamma``).
+    ``--objective flat-lora`` trains on Flat-LoRA's loss as the ``lora`` method does: each step at the adapted
+    weights perturbed by noise drawn from ``seed · 1_000_003 + step`` with ``σ_t = flat_sigma (1 − cos(π t / T)) / 2``
+    (`perturbed`); validation sees the unperturbed model. GOAT is refused (`GOAT_REFUSAL`).
+    """
 
     name = "elora"
     description = "Equivariant LoRA: per-path low-rank weight updates of e3nn/MACE layers (ICML 2025)"
@@ -362,10 +607,69 @@ class ELoRA(Method):
     options = (
         Option("rank", int, 16, "LoRA rank r of every ELoRA update"),
         Option("alpha", float, 16.0, "ELoRA scale alpha (updates are multiplied by alpha / rank)"),
+        dataclasses.replace(
+            _LORA_OPTIONS["init"],
+            help="adapter init: 'kaiming' (ELoRA's own: A ~ N(0, 1), B = 0, the authors'), 'pissa' (top-r singular "
+            "triplets of each path block, which keeps the residual) or 'lora-one' (top-r singular triplets of each "
+            "block's full-batch gradient of the energy+forces loss over the training frames); 'goat' is refused "
+            "(its routed experts break equivariance)",
+        ),
+        dataclasses.replace(
+            _LORA_OPTIONS["lora_scaling"],
+            help="update scale: 'standard' (alpha / rank) or 'rslora' (alpha / sqrt(rank)); 'goat' is refused",
+        ),
+        *(_LORA_OPTIONS[name] for name in ("dora", "gamma", "reparam", "objective", "flat_sigma")),
     )
 
+    def check(self, task, data, model: nn.Module) -> None:
+        """The refinements asked for are ones ELoRA has (GOAT is refused), before the run directory appears."""
+        super().check(task, data, model)
+        config = self.config
+        check_refinements(config["init"], config["lora_scaling"], config["reparam"], config["dora"])
+
     def prepare(self, model: nn.Module) -> nn.Module:
-        return apply(model, rank=self.config["rank"], alpha=self.config["alpha"])
+        config = self.config
+        return apply(
+            model,
+            rank=config["rank"],
+            alpha=config["alpha"],
+            init=config["init"],
+            scaling=config["lora_scaling"],
+            reparam=config["reparam"],
+            dora=config["dora"],
+            objective=config["objective"],
+            flat_sigma=config["flat_sigma"],
+        )
+
+    def setup(self, task, model: nn.Module, data, seed: int) -> None:
+        """LoRA-One (``--init lora-one``): the factors from the gradient of the task's *training* loss over every
+        training frame, `GRADIENT_CHUNK` frames per pass (training form: MACE's forces keep their graph to the
+        weights only then; the model is in eval mode). Keeps ``seed`` for Flat-LoRA's noise."""
+        self._seed = seed
+        if self.config["init"] == "lora-one":
+            device = next(model.parameters()).device
+            chunks = [data.train[i : i + GRADIENT_CHUNK] for i in range(0, len(data.train), GRADIENT_CHUNK)]
+            batches = ((task.collate(chunk, device), len(chunk)) for chunk in chunks)
+            init_lora_one(model, lambda m, batch: task.loss(m, batch, True), batches, self.config["gamma"])
+
+    def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
+        """One stage; with ``--objective flat-lora`` its step is `flat_step` (as the ``lora`` method's plan)."""
+        stages = super().plan(task, model, data, inputs)
+        if self.config["objective"] != "flat-lora":
+            return stages
+        settings = inputs.settings
+        total = settings.epochs * -(-(len(data.train) // distributed()[1]) // settings.batch_size)
+        step = functools.partial(self.flat_step, task, total=total, seed=getattr(self, "_seed", settings.seed))
+        return [dataclasses.replace(stages[0], gradients=step)]
+
+    def flat_step(self, task, model: nn.Module, batch: Any, step: int, *, total: int, seed: int) -> torch.Tensor:
+        """Flat-LoRA's step ``step`` of ``total``: the task's training loss at the perturbed adapted weights (noise
+        seed ``seed · 1_000_003 + step``), backpropagated; returns the detached loss."""
+        sigma = sigma_at(self.config["flat_sigma"], step, total)
+        with perturbed(model, seed * 1_000_003 + step, sigma):
+            loss = task.loss(model, batch, True)
+        loss.backward()
+        return loss.detach()
 
     def merge(self, model: nn.Module) -> nn.Module:
         return merge(model)
