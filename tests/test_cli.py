@@ -26,6 +26,27 @@ def workbench(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return result
 
 
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """``workbench ARGS`` run in this process (`workbench.cli.main`, which turns a user error into one line on stderr
+    and exit code 2): the same code path as the console script without a new interpreter's imports, for the cases
+    that stop before training. A traceback would propagate here and fail the test."""
+    import contextlib
+    import io
+    import logging
+
+    from workbench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    logs = logging.StreamHandler(err)  # the log lines a console run prints on stderr (skipped records, say)
+    logging.getLogger().addHandler(logs)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+            main(list(args))
+    finally:
+        logging.getLogger().removeHandler(logs)
+    return subprocess.CompletedProcess(["workbench", *args], exit_.value.code, out.getvalue(), err.getvalue())
+
+
 def test_help_and_list():
     help_text = workbench("adapt", "--help").stdout
     assert "examples (every task" in help_text and "workbench adapt --domain TASK --help" in help_text
@@ -210,7 +231,7 @@ BAD_INPUTS = {
 def test_bad_input(case, tmp_path):
     make_args, message = BAD_INPUTS[case]
     out = tmp_path / "run"
-    result = workbench("adapt", "--domain", "rmd17", *make_args(tmp_path), "--out", str(out), *SMALL, check=False)
+    result = cli("adapt", "--domain", "rmd17", *make_args(tmp_path), "--out", str(out), *SMALL)
     assert result.returncode == 2, result.stderr[-2000:]
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -226,7 +247,7 @@ def test_unknown_names_and_options():
             "--rank is not an option of task 'rmd17' or method 'full'",
         ),
     ):
-        result = workbench("adapt", *args, check=False)
+        result = cli("adapt", *args)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
@@ -243,13 +264,17 @@ def test_unknown_names_and_options():
             "homophily",
             "method 'homophily' adapts gnn models; this model (ScaleShiftMACE) is of the mace family",
         ),
-        ("ptbxl", "warmpot", "method 'warmpot' needs a task that offers target_pool; task 'ptbxl' offers folds, predict"),
+        (
+            "ptbxl",
+            "warmpot",
+            "method 'warmpot' needs a task that offers target_pool; task 'ptbxl' offers folds, predict",
+        ),
         ("csbm", "pada", "method 'pada' needs a task that exposes a batch's features and class logits"),
     ],
 )
 def test_a_method_that_does_not_fit_the_task_is_refused_before_the_run_directory(domain, method, message, tmp_path):
     out = tmp_path / "run"
-    result = workbench("adapt", "--domain", domain, "--method", method, "--out", str(out), check=False)
+    result = cli("adapt", "--domain", domain, "--method", method, "--out", str(out))
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert not out.exists()
 
@@ -258,9 +283,10 @@ def test_data_generate_takes_the_task_s_own_options(tmp_path):
     """Generator options are declared by each task: features writes its layout; a flag of another task's
     generator is refused, naming what was asked."""
     out = tmp_path / "problem"
-    result = workbench("data", "generate", "features", "--out", str(out), "--problem", "covariate-shift", "--seed", "3")
-    assert (out / "source.npz").is_file() and (out / "target.npz").is_file() and "--data" in result.stdout
-    refused = workbench("data", "generate", "features", "--out", str(tmp_path / "x"), "--frames", "3", check=False)
+    result = cli("data", "generate", "features", "--out", str(out), "--problem", "covariate-shift", "--seed", "3")
+    assert result.returncode == 0 and (out / "source.npz").is_file() and (out / "target.npz").is_file()
+    assert "--data" in result.stdout
+    refused = cli("data", "generate", "features", "--out", str(tmp_path / "x"), "--frames", "3")
     assert refused.returncode == 2
     assert "--frames is not an option of task 'features' or the data generator of task 'features'" in refused.stderr
     assert not (tmp_path / "x").exists()

@@ -120,6 +120,7 @@ def test_compare_runs_every_cell_on_the_same_splits_and_continues_where_it_stopp
         compare(CompareSpec("features", ("full", "warmpot"), folds=3, seeds=(0,), **TINY), tmp_path / "c")
 
 
+@pytest.mark.slow  # ~45 s: starts a local Dask cluster
 def test_a_dask_cluster_gives_the_local_executors_numbers(tmp_path):
     pytest.importorskip("distributed")
     spec = CompareSpec("features", ("pada",), folds=2, seeds=(3,), **TINY)

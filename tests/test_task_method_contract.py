@@ -118,7 +118,31 @@ def test_claims_match_the_table_and_refusals_leave_nothing(task, data_paths, tmp
     assert not out.exists()
 
 
-@pytest.mark.parametrize("task, method", sorted((t, m) for t, names in APPLIES.items() for m in names))
+#: The pairs the default suite runs (each domain's own method and one more where cheap); every other applicable pair
+#: runs under ``-m slow`` (the default suite has to stay inside CI's time; each method's own tests run by default).
+DEFAULT_PAIRS = {
+    ("rmd17", "elora"),
+    ("ptbxl", "lora"),
+    ("ptbxl", "htuning"),
+    ("sleepedf", "lora"),
+    ("motor-imagery", "lift"),
+    ("physio", "physiopfm"),
+    ("physio", "lora"),
+    ("csbm", "homophily"),
+    ("medvl", "hlora"),
+    ("features", "warmpot"),
+    ("features", "dre-pp"),
+}
+
+
+def pairs() -> list:
+    """Every applicable (task, method), those outside `DEFAULT_PAIRS` marked slow."""
+    listed = sorted((t, m) for t, names in APPLIES.items() for m in names)
+    assert DEFAULT_PAIRS <= set(listed)
+    return [pytest.param(*pair, marks=() if pair in DEFAULT_PAIRS else pytest.mark.slow) for pair in listed]
+
+
+@pytest.mark.parametrize("task, method", pairs())
 def test_an_applicable_pair_runs_one_tiny_epoch(task, method, data_paths, tmp_path):
     out = tmp_path / "run"
     run = workbench.adapt(task, method, out=str(out), **settings(task, method, data_paths))
