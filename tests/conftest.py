@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -100,3 +104,20 @@ def write_rmd17_layout(root: Path, molecule: str = "ethanol", n_frames: int = 60
 def tiny_rmd17(tmp_path):
     """60 embedded ethanol frames in rMD17's layout: 40 in the training split, 20 in the test split."""
     return write_rmd17_layout(tmp_path / "rmd17")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """``workbench ARGS`` run in this process (`workbench.cli.main`, which turns a user error into one line on stderr
+    and exit code 2): the same code path as the console script without a new interpreter's imports, for the cases
+    that stop before training. A traceback would propagate here and fail the test."""
+    from workbench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    logs = logging.StreamHandler(err)  # the log lines a console run prints on stderr (skipped records, say)
+    logging.getLogger().addHandler(logs)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+            main(list(args))
+    finally:
+        logging.getLogger().removeHandler(logs)
+    return subprocess.CompletedProcess(["workbench", *args], exit_.value.code, out.getvalue(), err.getvalue())

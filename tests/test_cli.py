@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_rmd17_layout
+from conftest import cli, write_rmd17_layout
 
 SMALL = ["--epochs", "3", "--train-size", "10", "--val-size", "5", "--quiet"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -24,27 +24,6 @@ def workbench(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}\n{result.stderr[-3000:]}")
     return result
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    """``workbench ARGS`` run in this process (`workbench.cli.main`, which turns a user error into one line on stderr
-    and exit code 2): the same code path as the console script without a new interpreter's imports, for the cases
-    that stop before training. A traceback would propagate here and fail the test."""
-    import contextlib
-    import io
-    import logging
-
-    from workbench.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    logs = logging.StreamHandler(err)  # the log lines a console run prints on stderr (skipped records, say)
-    logging.getLogger().addHandler(logs)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
-            main(list(args))
-    finally:
-        logging.getLogger().removeHandler(logs)
-    return subprocess.CompletedProcess(["workbench", *args], exit_.value.code, out.getvalue(), err.getvalue())
 
 
 def test_help_and_list():

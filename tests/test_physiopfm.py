@@ -209,12 +209,10 @@ def test_series_shorter_than_the_shapelet_stop_the_run_before_its_directory(tmp_
 
 
 def test_pretrain_stage_is_refused_by_a_task_with_one_stage_and_an_unknown_stage(tmp_path):
-    import subprocess
-    import sys
+    from conftest import cli
 
     for domain, stage, message in (("csbm", "bank", "pretrains in one stage"), ("physio", "heads", "'backbone'")):
-        done = subprocess.run([sys.executable, "-m", "workbench", "pretrain", "--domain", domain, "--stage", stage,
-                               "--out", str(tmp_path / "x.safetensors")], capture_output=True, text=True)  # fmt: skip
+        done = cli("pretrain", "--domain", domain, "--stage", stage, "--out", str(tmp_path / "x.safetensors"))
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
