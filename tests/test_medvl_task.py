@@ -5,12 +5,11 @@ files, figures, the run's model answering), and the bad inputs that stop a run b
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cli
 
 pytest.importorskip("monai")
 pytest.importorskip("transformers")
@@ -114,20 +113,18 @@ def test_bad_records_stop_the_run_with_exit_code_2_and_no_run_directory(tmp_path
     changes, message = BAD[case]
     folder = llava_folder(tmp_path / "data", changes)
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "workbench", "adapt", "--domain", "medvl", "--data", str(folder), "--quiet",
-               "--on-bad-record", "raise"]  # fmt: skip
-    result = subprocess.run(command + ["--out", str(out)], capture_output=True, text=True)
+    result = cli("adapt", "--domain", "medvl", "--data", str(folder), "--quiet", "--on-bad-record", "raise",
+                 "--out", str(out))  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "test.json" in result.stderr and "Traceback" not in result.stderr
     assert not out.exists()
 
 
 def test_a_too_small_image_and_a_rank_the_experts_do_not_divide_are_refused(tmp_path):
-    command = [sys.executable, "-m", "workbench", "adapt", "--domain", "medvl", "--quiet", "--on-bad-record", "raise"]
+    command = ["adapt", "--domain", "medvl", "--quiet", "--on-bad-record", "raise"]
     folder = llava_folder(tmp_path / "small", image_px=20)
-    result = subprocess.run(command + ["--data", str(folder), "--out", str(tmp_path / "a")], capture_output=True,
-                            text=True)  # fmt: skip
+    result = cli(*command, "--data", str(folder), "--out", str(tmp_path / "a"))
     assert result.returncode == 2 and "8.png" in result.stderr and "32" in result.stderr, result.stderr
-    result = subprocess.run(command + ["--rank", "6", "--out", str(tmp_path / "b")], capture_output=True, text=True)
+    result = cli(*command, "--rank", "6", "--out", str(tmp_path / "b"))
     assert result.returncode == 2 and "rank 6 must be a multiple of experts 4" in result.stderr, result.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

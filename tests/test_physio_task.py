@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cli
 
 pytest.importorskip("wfdb")
 pytest.importorskip("neurokit2")
@@ -100,8 +99,7 @@ def test_one_labelled_class_and_a_missing_folder_stop_the_run_with_exit_code_2(t
     with pytest.raises(UserError, match=r"have beats of \['N'\] class only"):
         workbench.adapt("physio", "lora", data=str(site), out=str(out), **TINY)
     assert not out.exists()
-    command = [sys.executable, "-m", "workbench", "adapt", "--domain", "physio", "--data", str(tmp_path / "nothing")]
-    result = subprocess.run(command + ["--out", str(out)], capture_output=True, text=True)
+    result = cli("adapt", "--domain", "physio", "--data", str(tmp_path / "nothing"), "--out", str(out))
     assert result.returncode == 2 and "Traceback" not in result.stderr and "no such folder" in result.stderr
     assert not out.exists()
     assert CLASSES == ("N", "S", "V", "F")
