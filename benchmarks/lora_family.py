@@ -11,7 +11,7 @@ LoRA's rank-16 parameter budget; `workbench.adaptation.lift`).
 Domains (`DOMAINS`), each the local LoRA of its model on its embedded data: ``ptbxl`` (12-lead ECG classifier, macro
 AUROC), ``sleepedf`` (LaBraM sleep staging, balanced accuracy), ``physio`` (heartbeat classes at a new site,
 balanced accuracy), ``medvl`` (the VLM's comprehension: closed VQA, open VQA and reports only, the comprehension
-records of the first `MEDVL_SUBJECTS` subjects, `medvl_comprehension`; closed-VQA accuracy). rmd17 (ELoRA with the
+records of `MEDVL_SUBJECTS` subjects, `medvl_comprehension`; closed-VQA accuracy). rmd17 (ELoRA with the
 refinements) is not in this table: ELoRA's refinement options were not yet on the elora method when this was run.
 
 How it is measured: one `workbench compare` per (domain, share), named ``lora_family_<domain>_<share>``, on 2
@@ -156,11 +156,17 @@ def note(domain: str, share: int) -> str:
     """What the benchmark of (``domain``, ``share``) cuts, rendered under its table."""
     settings = DOMAINS[domain]
     size = train_size(domain, share)
-    samples = f"{size} training samples per cell ({share} % of the fold's ~{TRAIN_SAMPLES[domain]})" if size else (
-        f"every training sample of the fold (~{TRAIN_SAMPLES[domain]})")
-    seeds = (f"2 grouped folds × seeds {', '.join(map(str, spec(domain, share).seeds))} (6 cells per entry, the fewest "
-             "for a verdict; the interval resamples cells)" if len(spec(domain, share).seeds) > 1 else
-             "2 grouped folds × seed 100 (2 cells per entry: too few for any verdict; read the Δ as a first look)")
+    samples = (
+        f"{size} training samples per cell ({share} % of the fold's ~{TRAIN_SAMPLES[domain]})"
+        if size
+        else (f"every training sample of the fold (~{TRAIN_SAMPLES[domain]})")
+    )
+    seeds = (
+        f"2 grouped folds × seeds {', '.join(map(str, spec(domain, share).seeds))} (6 cells per entry, the fewest "
+        "for a verdict; the interval resamples cells)"
+        if len(spec(domain, share).seeds) > 1
+        else "2 grouped folds × seed 100 (2 cells per entry: too few for any verdict; read the Δ as a first look)"
+    )
     text = (
         f"Cut to fit this shared 2-core machine: {seeds}; {settings['epochs']} epochs for every entry (budget "
         f"steps, the best validation-loss epoch kept), {samples}, batch {spec(domain, share).batch_size}, one "
@@ -168,8 +174,11 @@ def note(domain: str, share: int) -> str:
         "option; the embedded data, not the published sets."
     )
     if domain == "medvl":
-        text += (f" medvl: the comprehension records (closed / open VQA, reports) of the first {MEDVL_SUBJECTS} of "
-                 "the 128 embedded subjects; generation left out (it did not learn at this budget in medvl_hlora).")
+        text += (
+            f" medvl: the comprehension records (closed / open VQA, reports) of {MEDVL_SUBJECTS} of the 128 "
+            "embedded subjects (`medvl_comprehension`), every entry adapting the language model's linears "
+            "(`COMMON_OPTIONS`); generation left out (it did not learn at this budget in medvl_hlora)."
+        )
     return text + " rmd17 (ELoRA with the refinements) is not run: see the lead paragraph."
 
 
