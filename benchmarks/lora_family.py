@@ -5,14 +5,15 @@ Compared on every domain, each against plain LoRA (``lora``, the reference; `wor
 the LoRA method's defaults (rank 16, alpha 16, every target group the model declares, head trained) but the one
 option each refinement changes (`VARIANTS`): PiSSA initialisation, LoRA-One initialisation (one full-batch gradient
 of the cell's training samples), rsLoRA scaling (alpha / sqrt(rank)), DoRA, RepLoRA (factors from a light MLP),
-Flat-LoRA (loss at randomly perturbed merged weights), and LIFT (sparse fine-tuning of the principal weights at
-LoRA's rank-16 parameter budget; `workbench.adaptation.lift`).
+Flat-LoRA (loss at randomly perturbed merged weights), GOAT (top-k routed experts from SVD segments, on the linear
+layers: its router works per token, so convolutions are left out; sleepedf: the ``qkv`` group), and LIFT (sparse
+fine-tuning of the principal weights at LoRA's rank-16 parameter budget; `workbench.adaptation.lift`).
 
 Domains (`DOMAINS`), each the local LoRA of its model on its embedded data: ``ptbxl`` (12-lead ECG classifier, macro
 AUROC), ``sleepedf`` (LaBraM sleep staging, balanced accuracy), ``physio`` (heartbeat classes at a new site,
 balanced accuracy), ``medvl`` (the VLM's comprehension: closed VQA, open VQA and reports only, the comprehension
 records of `MEDVL_SUBJECTS` subjects, `medvl_comprehension`; closed-VQA accuracy). rmd17 (ELoRA with the
-refinements) is not in this table: ELoRA's refinement options were not yet on the elora method when this was run.
+refinements) is `benchmarks/lora_family_rmd17.py`.
 
 How it is measured: one `workbench compare` per (domain, share), named ``lora_family_<domain>_<share>``, on 2
 grouped folds; the share is of the fold's training samples (`TRAIN_SAMPLES`, counted on those splits: the
@@ -47,7 +48,17 @@ from workbench.checkpoint import write_json
 from workbench.comparison import CompareSpec
 from workbench.comparison_report import Claim, paired_interval, signed_rank_p
 
-ENTRIES = ("lora", "lora:pissa", "lora:lora-one", "lora:rslora", "lora:dora", "lora:replora", "lora:flat", "lift")
+ENTRIES = (
+    "lora",
+    "lora:pissa",
+    "lora:lora-one",
+    "lora:rslora",
+    "lora:dora",
+    "lora:replora",
+    "lora:flat",
+    "lora:goat",
+    "lift",
+)
 #: The one option each refinement changes (the rest: the lora method's defaults).
 VARIANTS = {
     "lora:pissa": {"init": "pissa"},
@@ -56,6 +67,7 @@ VARIANTS = {
     "lora:dora": {"dora": True},
     "lora:replora": {"reparam": "replora"},
     "lora:flat": {"objective": "flat-lora"},
+    "lora:goat": {"init": "goat"},
 }
 NAMES = {
     "lora": "LoRA (`lora`)",
@@ -65,6 +77,7 @@ NAMES = {
     "lora:dora": "DoRA (`lora:dora`)",
     "lora:replora": "RepLoRA (`lora:replora`)",
     "lora:flat": "Flat-LoRA (`lora:flat`)",
+    "lora:goat": "GOAT (`lora:goat`)",
     "lift": "LIFT (`lift`)",
 }
 SHARES = (10, 30, 100)
@@ -104,6 +117,9 @@ LIFT_OPTIONS = {"sleepedf": {"targets": "conv,qkv", "budget_rank": 8}}
 #: projector without gradient (LoRA-One refuses such targets), so every entry adapts the language model's linears
 #: (the ``language`` group, H-LoRA's).
 COMMON_OPTIONS = {"medvl": {"targets": "language"}}
+#: GOAT's options per domain where LoRA's targets hold convolutions GOAT's per-token router cannot take (sleepedf's
+#: conv + qkv): the linear ones (elsewhere GOAT takes the linear layers of the declared groups by itself).
+GOAT_OPTIONS = {"sleepedf": {"targets": "qkv"}}
 
 
 def entry_options(domain: str) -> dict[str, dict[str, Any]]:
@@ -111,6 +127,7 @@ def entry_options(domain: str) -> dict[str, dict[str, Any]]:
     common = COMMON_OPTIONS.get(domain, {})
     options = {label: {**common, **variant} for label, variant in VARIANTS.items()}
     options["lift"] = {**common, **LIFT_OPTIONS.get(domain, {})}
+    options["lora:goat"] = {**options["lora:goat"], **GOAT_OPTIONS.get(domain, {})}
     if common:
         options["lora"] = dict(common)
     return {label: chosen for label, chosen in options.items() if chosen}
@@ -179,7 +196,7 @@ def note(domain: str, share: int) -> str:
             "embedded subjects (`medvl_comprehension`), every entry adapting the language model's linears "
             "(`COMMON_OPTIONS`); generation left out (it did not learn at this budget in medvl_hlora)."
         )
-    return text + " rmd17 (ELoRA with the refinements) is not run: see the lead paragraph."
+    return text + " rmd17 (ELoRA with the refinements) is its own benchmark: `lora_family_rmd17`."
 
 
 def benchmark(domain: str, share: int) -> Benchmark:
