@@ -59,7 +59,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,15 +71,15 @@ from torch import nn
 from torch.nn.utils import parametrize
 from workbench.adaptation.elora_refinements import BlockLowRank, check_refinements, scale_of
 from workbench.adaptation.lora.config import OBJECTIVES
-from workbench.adaptation.lora.flat import sigma_at
+from workbench.adaptation.lora.flat import flat_stage
 from workbench.adaptation.lora.io import load_into, read_adapter, write_adapter
 from workbench.adaptation.lora.method import GRADIENT_CHUNK, REFINEMENT_OPTIONS, LoRA
+from workbench.adaptation.lora.model import mean_gradients
 
 from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
 from workbench.options import Option
 from workbench.registry import methods
-from workbench.trainer import distributed
 
 try:  # MACE is optional: without it ELoRA still adapts any e3nn model
     from mace.modules.symmetric_contraction import Contraction as MaceContraction
@@ -479,28 +478,11 @@ def init_lora_one(
         raise UserError(f"LoRA-One's gamma must be positive, got {gamma}")
     adapters = _block_adapters(model)
     originals = [getattr(module.parametrizations, attribute).original for _, module, attribute, _ in adapters]
-    flags, mode = [w.requires_grad for w in originals], model.training
-    total, count = [torch.zeros_like(w) for w in originals], 0
-    try:
-        model.eval()
-        for w in originals:
-            w.requires_grad_(True)
-        for batch, n in batches:
-            grads = torch.autograd.grad(loss(model, batch), originals, allow_unused=True)
-            for sum_, grad in zip(total, grads):
-                if grad is not None:
-                    sum_.add_(grad, alpha=n)
-            count += n
-    finally:
-        for w, flag in zip(originals, flags):
-            w.requires_grad_(flag)
-        model.train(mode)
-    if not count:
-        raise UserError("elora.init_lora_one: no samples in batches")
+    means = mean_gradients(model, loss, batches, originals, "elora.init_lora_one")
     gradients = {}
-    for (name, _, attribute, adapter), original, sum_ in zip(adapters, originals, total):
-        gradients[f"{name}.{attribute}"] = sum_ / count
-        adapter.init_from_gradient(original, sum_ / count, gamma)
+    for (name, _, attribute, adapter), original, mean in zip(adapters, originals, means):
+        gradients[f"{name}.{attribute}"] = mean
+        adapter.init_from_gradient(original, mean, gamma)
     return gradients
 
 
@@ -653,23 +635,14 @@ class ELoRA(Method):
             init_lora_one(model, lambda m, batch: task.loss(m, batch, True), batches, self.config["gamma"])
 
     def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
-        """One stage; with ``--objective flat-lora`` its step is `flat_step` (as the ``lora`` method's plan)."""
+        """One stage; with ``--objective flat-lora`` its step is Flat-LoRA's at the perturbed adapted weights
+        (`workbench.adaptation.lora.flat.flat_stage` with `perturbed`, as the ``lora`` method's plan)."""
         stages = super().plan(task, model, data, inputs)
         if self.config["objective"] != "flat-lora":
             return stages
-        settings = inputs.settings
-        total = settings.epochs * -(-(len(data.train) // distributed()[1]) // settings.batch_size)
-        step = functools.partial(self.flat_step, task, total=total, seed=getattr(self, "_seed", settings.seed))
-        return [dataclasses.replace(stages[0], gradients=step)]
-
-    def flat_step(self, task, model: nn.Module, batch: Any, step: int, *, total: int, seed: int) -> torch.Tensor:
-        """Flat-LoRA's step ``step`` of ``total``: the task's training loss at the perturbed adapted weights (noise
-        seed ``seed · 1_000_003 + step``), backpropagated; returns the detached loss."""
-        sigma = sigma_at(self.config["flat_sigma"], step, total)
-        with perturbed(model, seed * 1_000_003 + step, sigma):
-            loss = task.loss(model, batch, True)
-        loss.backward()
-        return loss.detach()
+        seed = getattr(self, "_seed", inputs.settings.seed)
+        sigma = self.config["flat_sigma"]
+        return [flat_stage(stages[0], task, len(data.train), inputs.settings, sigma, seed, perturb=perturbed)]
 
     def merge(self, model: nn.Module) -> nn.Module:
         return merge(model)

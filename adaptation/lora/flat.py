@@ -26,15 +26,18 @@ Shapes:
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from contextlib import contextmanager
-from typing import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 from workbench.adaptation.lora.model import lora_layers
 
 from workbench.errors import UserError
+from workbench.method import Stage
+from workbench.trainer import TrainSettings, distributed
 
 
 def sigma_at(sigma: float, step: int, total: int) -> float:
@@ -81,3 +84,28 @@ def perturbed(model: nn.Module, seed: int, sigma: float) -> Iterator[None]:
     finally:
         for layer in layers.values():
             layer.perturbation = None
+
+
+def flat_stage(
+    stage: Stage,
+    task,
+    train_samples: int,
+    settings: TrainSettings,
+    sigma: float,
+    seed: int,
+    perturb: Callable[[nn.Module, int, float], AbstractContextManager] | None = None,
+) -> Stage:
+    """``stage`` with Flat-LoRA's step: each step ``t`` of the run's ``T`` (``settings.epochs`` epochs of this
+    process's share of ``train_samples`` in batches of ``settings.batch_size``) runs the task's training loss within
+    ``perturb(model, seed · 1_000_003 + t, σ_t)`` (`perturbed` by default; ELoRA passes its own), ``σ_t`` =
+    `sigma_at`, backpropagates it and returns it detached. Validation and evaluation see the unperturbed model."""
+    total = settings.epochs * -(-(train_samples // distributed()[1]) // settings.batch_size)
+    perturb = perturbed if perturb is None else perturb
+
+    def step(model: nn.Module, batch: Any, index: int) -> torch.Tensor:
+        with perturb(model, seed * 1_000_003 + index, sigma_at(sigma, index, total)):
+            loss = task.loss(model, batch, True)
+        loss.backward()
+        return loss.detach()
+
+    return dataclasses.replace(stage, gradients=step)

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, INITS, OBJECTIVES, REPARAMS, SCALINGS
-from workbench.adaptation.lora.flat import perturbed, sigma_at
+from workbench.adaptation.lora.flat import flat_stage
 from workbench.adaptation.lora.model import (
     adapter_state,
     apply,
@@ -25,7 +25,6 @@ from workbench.method import Method, PlanInputs, Stage
 from workbench.model import require
 from workbench.options import Option
 from workbench.registry import methods
-from workbench.trainer import distributed
 
 HEAD_CHOICES = ("train", "frozen")
 #: The options every method that adapts the model's declared target groups shares (LoRA, LIFT).
@@ -212,25 +211,15 @@ class LoRA(Method):
             init_from_task_gradient(task, model, data, self.config["gamma"])
 
     def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
-        """One stage; with ``--objective flat-lora`` its step is `flat_step`, with ``--init goat`` `goat_step`."""
+        """One stage; with ``--objective flat-lora`` its step is Flat-LoRA's (`flat.flat_stage`), with ``--init goat``
+        `goat_step`."""
         stages = super().plan(task, model, data, inputs)
         if self.config["init"] == "goat":
             return [dataclasses.replace(stages[0], gradients=functools.partial(self.goat_step, task))]
         if self.config["objective"] != "flat-lora":
             return stages
-        settings = inputs.settings
-        total = settings.epochs * -(-(len(data.train) // distributed()[1]) // settings.batch_size)
-        step = functools.partial(self.flat_step, task, total=total, seed=getattr(self, "_seed", settings.seed))
-        return [dataclasses.replace(stages[0], gradients=step)]
-
-    def flat_step(self, task, model: nn.Module, batch: Any, step: int, *, total: int, seed: int) -> torch.Tensor:
-        """Flat-LoRA's step ``step`` of ``total``: the task's training loss at perturbed merged weights (noise seed
-        ``seed · 1_000_003 + step``), backpropagated; returns the detached loss."""
-        sigma = sigma_at(self.config["flat_sigma"], step, total)
-        with perturbed(model, seed * 1_000_003 + step, sigma):
-            loss = task.loss(model, batch, True)
-        loss.backward()
-        return loss.detach()
+        seed = getattr(self, "_seed", inputs.settings.seed)
+        return [flat_stage(stages[0], task, len(data.train), inputs.settings, self.config["flat_sigma"], seed)]
 
     def goat_step(self, task, model: nn.Module, batch: Any, step: int) -> torch.Tensor:
         """GOAT's step: the task's training loss plus ``goat_aux`` times the sum of the layers' load-balancing losses

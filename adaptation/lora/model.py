@@ -549,6 +549,38 @@ def peft_config_of(model: nn.Module, adapter: str = DEFAULT) -> tuple[dict | Non
     }, ""
 
 
+def mean_gradients(
+    model: nn.Module,
+    loss: Callable[[nn.Module, Any], torch.Tensor],
+    batches: Iterable[tuple[Any, int]],
+    weights: Sequence[torch.Tensor],
+    caller: str,
+) -> list[torch.Tensor]:
+    """The gradient of the mean loss over every sample of ``batches`` (``(batch, samples)`` pairs, each batch's mean
+    weighed by its samples) w.r.t. each of ``weights`` (zeros where the loss does not reach one), taken in eval mode
+    (no dropout); the weights' ``requires_grad``, every ``.grad`` and the model's mode are left as they were. No
+    sample is a `UserError` naming ``caller`` (LoRA-One's full-batch gradient, for LoRA and ELoRA)."""
+    flags, mode = [w.requires_grad for w in weights], model.training
+    total, count = [torch.zeros_like(w) for w in weights], 0
+    try:
+        model.eval()
+        for w in weights:
+            w.requires_grad_(True)
+        for batch, n in batches:
+            grads = torch.autograd.grad(loss(model, batch), weights, allow_unused=True)
+            for sum_, grad in zip(total, grads):
+                if grad is not None:
+                    sum_.add_(grad, alpha=n)
+            count += n
+    finally:
+        for w, flag in zip(weights, flags):
+            w.requires_grad_(flag)
+        model.train(mode)
+    if not count:
+        raise UserError(f"{caller}: no samples in batches")
+    return [g / count for g in total]
+
+
 def init_lora_one(
     model: nn.Module,
     loss: Callable[[nn.Module, Any], torch.Tensor],
@@ -583,25 +615,8 @@ def init_lora_one(
         raise UserError(f"LoRA-One's gamma must be positive, got {gamma}")
     layers = {name: layer for name, layer in lora_layers(model).items() if adapter in layer.adapters}
     weights = [layer.base_layer.weight for layer in layers.values()]
-    flags, mode = [w.requires_grad for w in weights], model.training
-    total, count = [torch.zeros_like(w) for w in weights], 0
-    try:
-        model.eval()
-        for w in weights:
-            w.requires_grad_(True)
-        for batch, n in batches:
-            grads = torch.autograd.grad(loss(model, batch), weights, allow_unused=True)
-            for sum_, grad in zip(total, grads):
-                if grad is not None:
-                    sum_.add_(grad, alpha=n)
-            count += n
-    finally:
-        for w, flag in zip(weights, flags):
-            w.requires_grad_(flag)
-        model.train(mode)
-    if not count:
-        raise UserError("init_lora_one: no samples in batches")
-    gradients = {name: g / count for name, g in zip(layers, total)}
+    means = mean_gradients(model, loss, batches, weights, "init_lora_one")
+    gradients = dict(zip(layers, means))
     problems = [f"{n}: {why}" for n, layer in layers.items() if (why := layer.gradient_error(adapter, gradients[n]))]
     if problems:  # nothing changes unless every layer can take its gradient
         raise UserError("LoRA-One cannot initialise " + "; ".join(problems))
