@@ -37,12 +37,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from claims import HERE, RESULTS, Benchmark, run
+from medvl_hlora import subset
 
 from workbench.checkpoint import write_json
 from workbench.comparison import CompareSpec
@@ -88,7 +88,6 @@ LEARNING_RATE = 1e-3
 #: Subjects of the embedded medvl data whose comprehension records are compared (5 records each).
 MEDVL_SUBJECTS = 32
 MEDVL_DATA = Path("benchmarks") / "runs" / "lora_family-data" / f"medvl-comprehension-subjects{MEDVL_SUBJECTS}"
-MEDVL_EMBEDDED = HERE.parent / "domains" / "medvl" / "embedded"
 
 
 #: Per domain: headline metrics, epochs of every entry (cut to fit this machine), the task's batch size, training
@@ -212,25 +211,11 @@ def benchmark(domain: str, share: int) -> Benchmark:
 
 
 def medvl_comprehension(subjects: int = MEDVL_SUBJECTS, out: Path = MEDVL_DATA) -> Path:
-    """The comprehension records (closed / open VQA, reports) of ``subjects`` embedded subjects (the first three
-    quarters of its ``train.json``'s, the first quarter of its ``test.json``'s) and their images, written once into
-    ``out`` (compare pools the two files and re-splits them by subject)."""
+    """The comprehension records (closed / open VQA, reports) of ``subjects`` embedded subjects and their images,
+    written once into ``out`` (`medvl_hlora.subset`)."""
     from workbench.domains.medvl.generate import COMPREHENSION_TASKS
 
-    if (out / "test.json").is_file():
-        return out
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    (partial / "images").mkdir(parents=True)
-    for split, share in (("train", subjects * 3 // 4), ("test", subjects - subjects * 3 // 4)):
-        rows = json.loads((MEDVL_EMBEDDED / f"{split}.json").read_text())
-        kept = set(sorted({r["subject"] for r in rows})[:share])
-        rows = [r for r in rows if r["subject"] in kept and r["task"] in COMPREHENSION_TASKS]
-        (partial / f"{split}.json").write_text(json.dumps(rows, indent=1))
-        for image in {r["image"] for r in rows}:
-            shutil.copyfile(MEDVL_EMBEDDED / image, partial / image)
-    partial.rename(out)
-    return out
+    return subset(subjects, out, tasks=COMPREHENSION_TASKS)
 
 
 def first_epoch(name: str, dev: bool) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Collection
 
 import numpy as np
 import torch
@@ -85,10 +86,10 @@ BENCHMARK = Benchmark(
 )  # fmt: skip
 
 
-def subset(subjects: int = SUBJECTS, out: Path = DATA) -> Path:
+def subset(subjects: int = SUBJECTS, out: Path = DATA, tasks: Collection[str] | None = None) -> Path:
     """The records of the first ``subjects`` subjects of the embedded data (three quarters from its
-    ``train.json``, a quarter from its ``test.json``; compare pools and re-splits them by group) and their
-    images, written once into ``out``."""
+    ``train.json``, a quarter from its ``test.json``; compare pools and re-splits them by group), of the record
+    kinds ``tasks`` (None: all), and their images, written once into ``out``."""
     if (out / "test.json").is_file():
         return out
     partial = out.with_name(out.name + ".partial")
@@ -97,7 +98,7 @@ def subset(subjects: int = SUBJECTS, out: Path = DATA) -> Path:
     for split, share in (("train", subjects * 3 // 4), ("test", subjects - subjects * 3 // 4)):
         records = json.loads((EMBEDDED / f"{split}.json").read_text())
         kept = set(sorted({r["subject"] for r in records})[:share])
-        records = [r for r in records if r["subject"] in kept]
+        records = [r for r in records if r["subject"] in kept and (tasks is None or r["task"] in tasks)]
         (partial / f"{split}.json").write_text(json.dumps(records, indent=1))
         for image in {r[key] for r in records for key in ("image", "target_image") if r.get(key)}:
             shutil.copyfile(EMBEDDED / image, partial / image)
