@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import logging
 import shutil
 import sys
@@ -134,11 +135,23 @@ def _chosen_plugins(argv: Sequence[str]) -> dict[str, list[str]]:
         method = _flag_value(argv, "--method") or tasks.get(domain).default_method
         return {"task": [domain], "method": [method]}
     if argv[:1] == ["compare"]:
-        domain = _flag_value(argv, "--domain")
+        domain = _flag_value(argv, "--domain") or _rerun_domain(argv)
         return {"task": [domain]} if domain else {}
     if argv[:1] == ["data"] and len(argv) >= 3 and not argv[2].startswith("-"):
         return {"task": [argv[2]], "generate": [argv[2]] if argv[1] == "generate" else []}
     return {}
+
+
+def _rerun_domain(argv: Sequence[str]) -> str | None:
+    """The task of the comparison that ``compare --rerun-cell ID DIR`` names (its ``DIR/spec.json``); None when the
+    command line names none or it cannot be read (`workbench.comparison.rerun_cell` then says why)."""
+    if "--rerun-cell" not in argv[:-2]:
+        return None
+    folder = argv[list(argv).index("--rerun-cell") + 2]
+    try:
+        return json.loads((Path(folder) / "spec.json").read_text())["domain"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _flag_value(argv: Sequence[str], flag: str) -> str | None:
@@ -252,20 +265,23 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
     compare = commands.add_parser(
         "compare",
         help="compare methods on grouped folds and seeds, with paired intervals",
-        usage="workbench compare --domain TASK --methods A,B[,C] [options]",
+        usage="workbench compare --domain TASK --methods A,B[,C] [options]\n"
+        "       workbench compare --rerun-cell ID DIR",
         description=(
             "Every method on the same grouped folds (each group tested once per seed) and seeds, at one budget; "
-            "report.md gives mean ± sd, the paired difference to the reference with a 95 % bootstrap interval and a "
-            f"Wilcoxon p. Seeds below {FIRST_REPORTED_SEED} are for development; report seeds from "
-            f"{FIRST_REPORTED_SEED} on. Re-running the same command continues an interrupted comparison."
+            "report.md gives mean ± sd and the paired difference to the reference over seeds (the folds of a seed "
+            "averaged): a 95 % t interval, a Holm-adjusted p and the minimum detectable difference; no verdict below 3 "
+            f"seeds. --plan sizes a comparison before running it. Seeds below {FIRST_REPORTED_SEED} are for "
+            f"development; report seeds from {FIRST_REPORTED_SEED} on. Re-running the same command continues an "
+            "interrupted comparison."
         ),
     )
     flags = compare.add_argument_group("comparison options")
-    flags.add_argument("--domain", required=True, help="task name (see `workbench list`)")
-    flags.add_argument(
-        "--methods", required=True, help="comma-separated METHOD[@MODEL][:VARIANT] (a VARIANT's options: --set)"
-    )
+    flags.add_argument("--domain", help="task name (see `workbench list`)")
+    flags.add_argument("--methods", help="comma-separated METHOD[@MODEL][:VARIANT] (a VARIANT's options: --set)")
     flags.add_argument("--reference", help="the method the others are paired against (default: the first)")
+    flags.add_argument("--learner", help="the entry whose after − before shows that the cells train (default: the "
+                       "reference; name another when the reference is a source-only baseline)")  # fmt: skip
     flags.add_argument("--folds", type=int, default=5, help="grouped folds per seed (default: 5)")
     flags.add_argument("--seeds", default=str(FIRST_REPORTED_SEED),
                        help=f"seeds: 100,101 or 100-104 (default: {FIRST_REPORTED_SEED})")  # fmt: skip
@@ -292,6 +308,9 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
     flags.add_argument("--data", help="your data (default: the task's embedded data)")
     flags.add_argument("--model", help="a registered model or checkpoint (default: the task's model)")
     flags.add_argument("--out", help="output folder (default: runs/compare-<task>-<time>)")
+    flags.add_argument("--rerun-cell", nargs=2, metavar=("ID", "DIR"),
+                       help="run the recorded cell ID (METHOD/foldK-seedS) of the comparison in DIR again in a "
+                       "temporary folder; exit 1 when its metrics or manifest hashes differ")  # fmt: skip
     flags.add_argument("--workers", type=int, default=1, help="cells at a time (default: 1, in this process)")
     flags.add_argument("--threads", type=int, default=1,
                        help="CPU threads per cell, fixed so that reruns agree bit for bit (default: 1)")  # fmt: skip
@@ -299,6 +318,12 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
                        help="local processes, or a Dask cluster (pip extra 'cluster')")  # fmt: skip
     flags.add_argument("--scheduler", help="address of a running Dask scheduler (default: a local Dask cluster)")
     flags.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    power = compare.add_argument_group("planning (no cell is run)")
+    power.add_argument("--plan", action="store_true", help="print the minimum detectable difference of the planned "
+                       "seeds (80 %% power) and, with --effect, the seeds needed; run nothing")  # fmt: skip
+    power.add_argument("--sd", type=float, help="standard deviation of one seed's mean paired difference")
+    power.add_argument("--pilot", help="a finished comparison folder whose seeds give that standard deviation")
+    power.add_argument("--effect", type=float, help="the difference to detect: how many seeds it needs")
     _add_plugin_options(compare, chosen, "task")
 
 
@@ -307,6 +332,9 @@ def _compare_spec(args: argparse.Namespace) -> Any:
     from workbench.comparison import CompareSpec, parse_label
     from workbench.errors import UserError
     from workbench.registry import methods, tasks
+
+    if args.domain is None or args.methods is None:
+        raise UserError("compare needs --domain and --methods (or --rerun-cell ID DIR to run a recorded cell again)")
 
     def numbers(text: str, kind: Any, flag: str) -> tuple:
         try:
@@ -336,13 +364,74 @@ def _compare_spec(args: argparse.Namespace) -> Any:
     task_cls = tasks.get(args.domain)
     options = _given_options(args, {"task": (args.domain, task_cls.options)})["task"]
     return CompareSpec(
-        domain=args.domain, methods=method_names, reference=args.reference or "", folds=args.folds,
+        domain=args.domain, methods=method_names, reference=args.reference or "", learner=args.learner or "",
+        folds=args.folds,
         seeds=numbers(args.seeds, int, "--seeds"), budget=args.budget, epochs=args.epochs, patience=args.patience,
         train_size=args.train_size, val_size=args.val_size, batch_size=args.batch_size, learning_rate=args.lr,
         lr_grid=numbers(args.lr_grid, float, "--lr-grid") if args.lr_grid else (), val_share=args.fold_val_share or 0.2,
         data=args.data, model=args.model, task_options=options, method_options=method_options,
         schedule=args.schedule, warmup_share=args.warmup_share, select_on=args.select_on,
     )  # fmt: skip
+
+
+def _rerun_cell(cell_name: str, folder: str) -> int:
+    """``compare --rerun-cell ID DIR``: the cell's recorded and rerun metrics with their absolute differences, and
+    whether its configuration hash and data fingerprint match its manifest; 0 when all do, else 1."""
+    from workbench.comparison import RERUN_TOLERANCE, rerun_cell
+
+    result = rerun_cell(folder, cell_name)
+    print(f"cell {cell_name} of {folder}, rerun with {result['threads']} thread(s)")
+    print(f"{'metric':28}{'recorded':>20}{'rerun':>20}{'|difference|':>14}")
+    for name, difference in result["differences"].items():
+        values = [str(result[side].get(name, "-")) for side in ("recorded", "rerun")]
+        print(f"{name:28}{values[0]:>20}{values[1]:>20}{'-' if difference is None else f'{difference:.3g}':>14}")
+    said = {True: "match", False: "DIFFER", None: "not recorded (a record without a manifest)"}
+    for key, entry in result["hashes"].items():
+        shown = f" (recorded {entry['recorded']}, rerun {entry['rerun']})" if entry["match"] is False else ""
+        print(f"{key}: {said[entry['match']]}{shown}")
+    if result["changed"]:
+        print(f"changed since the record: {', '.join(result['changed'])}")
+    if result["matches"]:
+        print(f"ok: cell {cell_name} reproduces its recorded metrics (within {RERUN_TOLERANCE:g}) and hashes")
+        return 0
+    reasons = []
+    if result["mismatched"]:
+        reasons.append(f"metric(s) {', '.join(result['mismatched'])} differ by more than {RERUN_TOLERANCE:g}")
+    reasons += [
+        f"its {key.replace('_', ' ')} differs from the recorded one (the {what} changed: the likely reason)"
+        for key, what in (("config_hash", "configuration"), ("data_fingerprint", "data"))
+        if result["hashes"][key]["match"] is False
+    ]
+    print(f"not ok: cell {cell_name} of {folder} does not reproduce: {'; '.join(reasons)}")
+    return 1
+
+
+def _plan(args: argparse.Namespace) -> None:
+    """``compare --plan``: the planned comparison's minimum detectable difference and the seeds an ``--effect``
+    needs, from ``--sd`` or a ``--pilot`` comparison folder (`workbench.comparison_report.plan`); runs no cell."""
+    from workbench.comparison_report import plan
+    from workbench.errors import UserError
+
+    spec = _compare_spec(args)
+    spec.check()
+    if args.sd is None and args.pilot is None:
+        raise UserError("--plan needs --sd (the sd of one seed's mean paired difference) or --pilot DIR")
+    if args.sd is not None and not args.sd >= 0:
+        raise UserError(f"--sd must be a standard deviation (0 or more), got {args.sd}")
+    if args.effect is not None and not args.effect > 0:
+        raise UserError(f"--effect must be a positive difference, got {args.effect}")
+    pilot = None
+    if args.pilot is not None:
+        path = Path(args.pilot) / "comparison.json"
+        try:
+            pilot = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise UserError(f"--pilot {args.pilot}: cannot read {path} ({error}); give a finished comparison folder")
+        paired = [m.get("vs_reference") for entry in pilot["summary"].values() for m in entry["metrics"].values()]
+        if any(p is not None and "unit_sd" not in p for p in paired):
+            raise UserError(f"--pilot {args.pilot}: {path} was written before seed-level statistics; rerun "
+                            "`workbench compare` on that folder to rewrite it")  # fmt: skip
+    print(plan(spec, sd=args.sd, effect=args.effect, pilot=pilot))
 
 
 def _add_data_commands(commands: Any, chosen: dict[str, list[str]] | None) -> None:
@@ -508,6 +597,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         )
         request = RunRequest(**given, task_options=options["task"], method_options=options["method"])
         run_request(request, resume=args.resume, quiet=args.quiet)
+    elif args.command == "compare" and args.rerun_cell:
+        return _rerun_cell(*args.rerun_cell)
+    elif args.command == "compare" and args.plan:
+        _plan(args)
     elif args.command == "compare":
         from datetime import datetime
 

@@ -10,6 +10,11 @@ single-stage methods; the steps each cell took are recorded and the report flags
 trains each until the same early-stopping rule stops it. With a learning-rate grid each method takes, per cell, the
 rate whose run has the lowest validation loss (the test split never chooses).
 
+Every record can be audited: it holds the epoch its run kept (``kept_epoch``) and a ``manifest`` (`cell_manifest`:
+configuration hash, data fingerprint, package versions, source commit, steps, kept epoch, wall time), and
+`rerun_cell` (``workbench compare --rerun-cell ID DIR``) runs one cell again in a temporary folder and sets its
+metrics and hashes beside the recorded ones. Records written before the manifest existed lack both keys.
+
 A compare is resumable: cells with a record are kept, a cell whose run was interrupted resumes, and the same command
 (same ``spec.json``) picks up where it stopped. Cells run one after another in this process, in local worker
 processes, or on a Dask cluster (`distributed.Client`, whose executor has the same interface as the local one; the
@@ -21,10 +26,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import json
 import logging
+import math
 import multiprocessing
+import platform
 import re
+import subprocess
+import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.checkpoint import write_json
-from workbench.config import resolve_config
+from workbench.config import RunConfig, resolve_config
 from workbench.errors import UserError
 from workbench.registry import methods, models, tasks
 from workbench.rundir import claim_run_dir
@@ -46,6 +57,12 @@ BUDGETS = ("steps", "convergence")
 EXECUTORS = ("local", "dask")
 #: Seeds below this are for development and tuning; reported numbers use seeds from here on.
 FIRST_REPORTED_SEED = 100
+#: `workbench.config.RunConfig` fields a cell's configuration hash leaves out: where the run wrote, and its CPU
+#: threads (not part of the spec; recorded beside the hash as ``threads``, and kept by `rerun_cell`).
+UNHASHED = ("out", "threads")
+#: Largest absolute difference of a metric that `rerun_cell` counts as reproduced (CPU reruns with one seed and
+#: one thread count are bit-identical).
+RERUN_TOLERANCE = 1e-9
 
 
 def parse_label(label: str) -> tuple[str, str | None]:
@@ -66,6 +83,9 @@ class CompareSpec:
     methods: tuple[str, ...]
     #: The method every other is paired against (default: the first).
     reference: str = ""
+    #: The entry whose after − before shows that the cells train at all (default: the reference; name another when
+    #: the reference is a source-only baseline that is not meant to move, such as uniform sample weights).
+    learner: str = ""
     folds: int = 5
     seeds: tuple[int, ...] = (FIRST_REPORTED_SEED,)
     budget: str = "steps"
@@ -116,6 +136,8 @@ class CompareSpec:
                 models.get(model)
         if self.reference not in self.methods:
             raise UserError(f"--reference {self.reference} is not one of --methods {','.join(self.methods)}")
+        if self.learner and self.learner not in self.methods:
+            raise UserError(f"--learner {self.learner} is not one of --methods {','.join(self.methods)}")
         unknown = set(self.method_options) - set(self.methods)
         if unknown:
             raise UserError(f"options given for {', '.join(sorted(unknown))}, which --methods does not name")
@@ -215,10 +237,12 @@ def run_cell(spec: CompareSpec, cell: Cell, out: str, threads: int | None = None
         return json.loads(done.read_text())
     rates = spec.lr_grid or (spec.learning_rate,)
     runs = {}
+    start = time.perf_counter()
     with _quiet_logs():
         for rate in rates:
             run_dir = folder if len(rates) == 1 else folder / f"lr{rate:g}"
             runs[rate] = _cell_run(spec, cell, run_dir, rate, threads)
+    wall_seconds = time.perf_counter() - start
     chosen = min(runs, key=lambda rate: runs[rate]["best_objective"]) if len(rates) > 1 else rates[0]
     record = {
         "method": cell.method,
@@ -228,9 +252,87 @@ def run_cell(spec: CompareSpec, cell: Cell, out: str, threads: int | None = None
         "run": str(Path("cells") / cell.name / ("" if len(rates) == 1 else f"lr{chosen:g}")).rstrip("/"),
         **runs[chosen],
         "lr_grid": {f"{rate:g}": runs[rate]["best_objective"] for rate in rates} if len(rates) > 1 else {},
+        "manifest": cell_manifest(spec, cell, runs[chosen], wall_seconds),
     }
     write_json(done, record)
     return record
+
+
+def cell_manifest(spec: CompareSpec, cell: Cell, run: Mapping[str, Any], wall_seconds: float) -> dict[str, Any]:
+    """What a cell's record says about how its numbers were made (``run``: the kept run's `_cell_run` fields).
+
+    ``config_hash``: sha256 (hex) of the resolved configuration of every run of the cell, one per learning rate of
+    the grid (`workbench.config.RunConfig` as ``config.yaml`` holds it, less `UNHASHED`); ``data_fingerprint``: see
+    `data_fingerprint`; ``versions`` of Python, torch, numpy, scipy and the workbench; ``commit``: `source_commit`;
+    ``steps`` and ``kept_epoch`` of the kept run; ``wall_seconds``: the cell's runs in this process [s] (a resumed
+    cell: since it resumed).
+    """
+    rates = spec.lr_grid or (spec.learning_rate,)
+    configs = [resolve_config(cell_request(spec, cell, Path(), rate, None))[0] for rate in rates]
+    return {
+        "config_hash": config_hash(configs),
+        "data_fingerprint": data_fingerprint(spec.data, spec.domain, configs[0].task_options, cell.seed),
+        "versions": versions(),
+        "commit": source_commit(),
+        "steps": run["steps"],
+        "kept_epoch": run["kept_epoch"],
+        "wall_seconds": wall_seconds,
+    }
+
+
+def config_hash(configs: Sequence[RunConfig]) -> str:
+    """sha256 (hex) of the configurations ``configs`` as canonical JSON, less the fields of `UNHASHED`."""
+    content = [{k: v for k, v in config.to_dict().items() if k not in UNHASHED} for config in configs]
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def data_fingerprint(data: str | Path | None, domain: str, task_options: Mapping[str, Any], seed: int) -> str:
+    """sha256 (hex) of the data a run of task ``domain`` reads: every file under ``data`` (a folder: each file's
+    path relative to it and the sha256 of its bytes, in sorted order; a file: its name and bytes); without ``data``,
+    the task's default data (`workbench.task.Task.default_data` with ``task_options`` and ``seed``): the files of
+    its embedded data alike, or the text naming its generator, options and seed."""
+    source = Path(data) if data is not None else tasks.get(domain)(**task_options).default_data(seed)
+    digest = hashlib.sha256()
+    if isinstance(source, str):
+        digest.update(source.encode())
+        return digest.hexdigest()
+    files = sorted(path for path in source.rglob("*") if path.is_file()) if source.is_dir() else [source]
+    for path in files:
+        name = path.relative_to(source) if source.is_dir() else Path(path.name)
+        content = hashlib.sha256()
+        with path.open("rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                content.update(block)
+        digest.update(name.as_posix().encode() + b"\0" + content.digest())
+    return digest.hexdigest()
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and of the packages that make a cell's numbers."""
+    import scipy
+
+    import workbench
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+            "scipy": scipy.__version__, "workbench": workbench.__version__}  # fmt: skip
+
+
+def source_commit() -> str | None:
+    """The git commit of the workbench's source tree, with "+dirty" when a tracked file differs from it; None when
+    the package is not a file of a git checkout (an installed wheel) or git cannot be run."""
+    package = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        command = ["git", "-C", str(package), *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+    try:
+        git("ls-files", "--error-unmatch", Path(__file__).name)  # this file is tracked: the checkout is the package's
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
 
 
 def cell_request(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, threads: int | None) -> Any:
@@ -287,6 +389,7 @@ def _cell_run(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, 
         "best_objective": min(objectives) if objectives else float("nan"),
         "steps": int(sum(row.get("steps", 0) for row in history)),
         "epochs": len(history),
+        "kept_epoch": kept_epoch(history),
         "trainable_parameters": result.get("trainable_parameters"),
         "train_seconds": result.get("train_seconds"),
         "peak_memory_bytes": result.get("peak_memory_bytes"),
@@ -294,6 +397,22 @@ def _cell_run(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, 
         "test_samples": run.metrics["samples"]["test"],
         "threads": run.config.threads,
     }
+
+
+def kept_epoch(history: Sequence[Mapping[str, Any]]) -> int | None:
+    """The epoch (from 1, counted over all stages) whose weights a run kept, by `workbench.trainer.Trainer.fit`'s
+    rule: among the last stage's selectable epochs, the first whose validation objective is lower than every earlier
+    one's (a tie keeps the earlier epoch; NaN is never lower); none such: the stage's last epoch (its last weights
+    stay). None for a run that did not train."""
+    if not history:
+        return None
+    rows = [row for row in history if row.get("stage") == history[-1].get("stage")]
+    best, kept = math.inf, rows[-1]
+    for row in rows:
+        objective = row.get("objective", row["val_loss"])
+        if row.get("selectable", True) and objective < best:
+            best, kept = objective, row
+    return int(kept["epoch"]) + 1
 
 
 @contextmanager
@@ -363,6 +482,89 @@ def _check_spec(out: Path, spec: CompareSpec) -> bool:
             "settings to continue it"
         )
     return True
+
+
+def rerun_cell(out: str | Path, cell_name: str, threads: int | None = None) -> dict[str, Any]:
+    """Run the recorded cell ``cell_name`` (`Cell.name`, ``METHOD/fold<k>-seed<s>``) of the comparison in ``out``
+    again, as its ``spec.json`` says, in a temporary folder (``out`` is left as it is) and with the CPU threads the
+    cell recorded (``threads``: others), and set its numbers beside the recorded ones.
+
+    Returns ``recorded`` and ``rerun`` (metric -> value), ``differences`` (metric -> absolute difference; None where
+    one side lacks the metric), ``mismatched`` (the metrics whose difference is missing or above `RERUN_TOLERANCE`),
+    ``hashes`` (``config_hash`` and ``data_fingerprint``: ``recorded``, ``rerun`` and ``match``, None for a record
+    without a manifest), ``changed`` (package versions and commit that differ from the manifest's: "torch 2.6.0 ->
+    2.7.0"), ``manifests`` (``recorded``, ``rerun``), ``threads`` and ``matches``: no metric and no hash differs.
+
+    Raises:
+        UserError: ``out`` holds no ``spec.json``, or no record of the cell ``cell_name``.
+    """
+    out = Path(out)
+    if not (out / "spec.json").is_file():
+        raise UserError(f"{out}: no spec.json; give the folder of a comparison (the --out of workbench compare)")
+    spec = CompareSpec.from_dict(json.loads((out / "spec.json").read_text()))
+    names = sorted(path.parent.relative_to(out / "cells").as_posix() for path in out.glob("cells/*/*/cell.json"))
+    if cell_name not in names:
+        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        raise UserError(f"{out} has no recorded cell {cell_name!r} (METHOD/fold<k>-seed<s>; its cells: "
+                        f"{shown or 'none yet'})")  # fmt: skip
+    record = json.loads((out / "cells" / cell_name / "cell.json").read_text())
+    cells, _ = plan_cells(dataclasses.replace(spec, seeds=(record["seed"],)))
+    cell = next((cell for cell in cells if cell.name == cell_name), None)
+    if cell is None:
+        raise UserError(f"{out}/spec.json plans no cell {cell_name!r} (was it edited after the comparison ran?)")
+    threads = threads or record.get("threads") or 1
+    previous = torch.get_num_threads()  # the rerun sets this process's threads: give the caller's back
+    try:
+        with tempfile.TemporaryDirectory(prefix="workbench-rerun-") as folder:
+            rerun = run_cell(spec, cell, folder, threads)
+    finally:
+        torch.set_num_threads(previous)
+    recorded, again = record["metrics"], rerun["metrics"]
+    differences = {
+        name: _difference(recorded[name], again[name]) if name in recorded and name in again else None
+        for name in {**recorded, **again}
+    }
+    mismatched = [name for name, value in differences.items() if value is None or value > RERUN_TOLERANCE]
+    before, after = record.get("manifest") or {}, rerun["manifest"]
+    hashes = {
+        key: {"recorded": before.get(key), "rerun": after[key], "match": before[key] == after[key] if before else None}
+        for key in ("config_hash", "data_fingerprint")
+    }
+    return {
+        "cell": cell_name,
+        "threads": threads,
+        "recorded": recorded,
+        "rerun": again,
+        "differences": differences,
+        "mismatched": mismatched,
+        "hashes": hashes,
+        "changed": _changed(before, after),
+        "manifests": {"recorded": before or None, "rerun": after},
+        "matches": not mismatched and all(entry["match"] is not False for entry in hashes.values()),
+    }
+
+
+def _changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The package versions and the commit of manifest ``after`` that differ from ``before``'s ("torch 2.6.0 ->
+    2.7.0"); none when ``before`` is empty (a record without a manifest)."""
+    if not before:
+        return []
+    pairs = [(name, before["versions"].get(name), version) for name, version in after["versions"].items()]
+    pairs.append(("commit", before["commit"], after["commit"]))
+    return [f"{name} {old} -> {new}" for name, old, new in pairs if old != new]
+
+
+def _difference(recorded: Any, rerun: Any) -> float | None:
+    """|recorded − rerun| of one metric's values: 0 for equal ones (two nulls, two NaNs), inf for a NaN and a number,
+    None for unequal values that are not both numbers."""
+    if recorded == rerun:
+        return 0.0
+    if not all(isinstance(value, (int, float)) for value in (recorded, rerun)):
+        return None
+    if math.isnan(recorded) and math.isnan(rerun):
+        return 0.0
+    difference = abs(recorded - rerun)
+    return math.inf if math.isnan(difference) else difference
 
 
 def _run_cells(

@@ -193,6 +193,13 @@ class Task:
         """
         raise NotImplementedError
 
+    def default_data(self, seed: int) -> Path | str:
+        """What `read` reads when given no data, for a compared cell's data fingerprint (`workbench.comparison.
+        data_fingerprint`): the file or folder of the embedded data, or for generated data a text naming the
+        generator, its options and ``seed`` (this default: the task, its options and ``seed``)."""
+        options = ", ".join(f"{name}={value!r}" for name, value in sorted(self.config.items()))
+        return f"the generator of task '{self.name}' ({options}, seed={seed})"
+
     def split_groups(self, raw: Any) -> list[str]:
         """The groups of ``raw`` (as returned by `read`) that a fold holds out whole, sorted: every labelled sample
         belongs to exactly one (tasks with the ``folds`` capability)."""

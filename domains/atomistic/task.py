@@ -251,6 +251,10 @@ class Rmd17(Task):
             log.info("%s: %s", raw.source, note)
         return raw
 
+    def default_data(self, seed: int) -> Path:
+        """The embedded rMD17 folder (every molecule's frames and the splits)."""
+        return EMBEDDED
+
     def split_groups(self, raw: LabelledSet) -> list[str]:
         """The trajectory blocks of ``raw``: ``block<k>`` holds frames ``k·B`` to ``(k+1)·B − 1`` (B =
         ``--fold-block``), in block order."""

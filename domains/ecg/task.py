@@ -276,6 +276,10 @@ class PtbXl(Task):
         return raw.samples("test")
 
     # -- grouped folds ---------------------------------------------------------------------------
+    def default_data(self, seed: int) -> Path:
+        """The embedded synthetic PTB-XL folder (every site; ``--target-site`` picks one)."""
+        return EMBEDDED_PTBXL
+
     def split_groups(self, raw: EcgSplits) -> list[str]:
         """The patients of the records in a split (the records themselves where the data have no patient ids)."""
         return sorted(set(_record_groups(raw)[np.concatenate(list(raw.index.values()))].tolist()))

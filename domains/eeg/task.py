@@ -650,6 +650,10 @@ class SleepEdf(EegTask):
     )
     generate_options = (Option("subjects", int, 6, "subjects (one night each) of the generated set"),)
 
+    def default_data(self, seed: int) -> Path:
+        """The embedded folder of synthetic nights."""
+        return EMBEDDED_SLEEP
+
     def _read_windows(self, data: str | Path | None) -> EegData:
         embedded = data is None
         root = EMBEDDED_SLEEP if embedded else Path(data)
@@ -728,6 +732,10 @@ class MotorImagery(EegTask):
         Option("trials_per_run", int, 6, "imagery trials per run (even)"),
         Option("difficulty", float, 0.35, "0 (deep desynchronisation, little noise) ... 1 (shallow, much noise)"),
     )
+
+    def default_data(self, seed: int) -> Path:
+        """The embedded folder of synthetic EEGMMIDB runs."""
+        return EMBEDDED_MOTOR
 
     def _layout(self, root: Path) -> str:
         """'bci-iv-2a-gdf', 'bci-iv-2a-mat' or 'eegmmidb', by the files present under ``root``."""

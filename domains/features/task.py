@@ -133,6 +133,10 @@ class FeatureShift(Task):
         self.problem, self.seed = problem, seed
         return problem
 
+    def default_data(self, seed: int) -> str:
+        """The generator of the default problem, its options and ``seed``."""
+        return f"generated_problem(problem={self.config['problem']!r}, dim={self.config['dim']}, seed={seed})"
+
     def split_groups(self, raw: ShiftProblem) -> list[str]:
         """The target's labelled rows, one group each (``row<i>``, i the row in the target file)."""
         return [f"row{i}" for i in np.flatnonzero(_known(raw.target.labels))]

@@ -175,6 +175,10 @@ class CSBMTask(Task):
         keys = CSBMSettings.__dataclass_fields__
         return CSBMSettings(**{key: self.config[key] for key in keys})
 
+    def default_data(self, seed: int) -> str:
+        """The CSBM generator, its settings and ``seed``."""
+        return f"make_csbm_pair({self.settings()}, seed={seed})"
+
     def read(self, data: str | Path | None, seed: int = 0, need_target_labels: bool = True) -> GraphPair:
         if data is None:
             settings = self.settings()

@@ -235,6 +235,10 @@ class MedVLTask(Task):
         raw.splits = _grouped({name: self._open_images(part) for name, part in raw.splits.items()})
         return raw
 
+    def default_data(self, seed: int) -> Path:
+        """The embedded folder of synthetic slices and their records."""
+        return EMBEDDED
+
     def split_groups(self, raw: VlData) -> list[str]:
         """The groups (subjects or images, `_grouped`) of every split's records, sorted."""
         return sorted({sample.subject for part in raw.splits.values() for sample in part})

@@ -201,6 +201,10 @@ class Physio(Task):
         records = record_hashes(EMBEDDED / f"site-{site}" if data is None else Path(data), sorted(set(beats.subjects)))
         return SiteData(beats, split, beats.source, description, site, records)
 
+    def default_data(self, seed: int) -> Path:
+        """The embedded folder of the target site's records."""
+        return EMBEDDED / f"site-{self.config['target_site']}"
+
     def split_groups(self, raw: SiteData) -> list[str]:
         """The target site's patients (records) that the split assigns, sorted."""
         return sorted({str(subject) for part in raw.split.values() for subject in part})
