@@ -3,7 +3,8 @@
 A method-comparison benchmark (``benchmarks/<name>.py``) is a `Benchmark`: what to compare, on what data, which
 claims it tests and their margins. ``python benchmarks/<name>.py`` runs it (`run`: the comparison in
 ``benchmarks/runs/<name>/``, resumable) and writes ``benchmarks/results/<name>.json`` with every cell, the summary and
-each claim's verdict, computed from the paired interval. README.md holds each benchmark's table and verdicts between
+each claim's verdict (holds / does not hold / no verdict, Holm over the benchmark's claims:
+`workbench.comparison_report.verdicts`). README.md holds each benchmark's table and verdicts between
 ``<!-- rendered: <name> -->`` and ``<!-- end rendered -->``; ``python benchmarks/claims.py`` rewrites those blocks
 from the results files and ``--check`` fails when README.md and the results disagree (``tests/test_readme_claims.py``).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from typing import Any, Sequence
 
 from workbench.checkpoint import write_json, write_text
 from workbench.comparison import CompareSpec, compare
-from workbench.comparison_report import Claim, resampled, summarise, table
+from workbench.comparison_report import Claim, did_not_move, moved_text, statistics_text, summarise, table, verdicts
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -85,7 +87,10 @@ def results(benchmark: Benchmark, comparison: dict[str, Any]) -> dict[str, Any]:
         "note": benchmark.note,
         "table_metrics": list(benchmark.metrics or comparison["metrics"][:2]),
         "names": dict(benchmark.names),
-        "claims": [{**dataclasses.asdict(claim), **claim.verdict(comparison)} for claim in benchmark.claims],
+        "claims": [
+            {**dataclasses.asdict(claim), **verdict}
+            for claim, verdict in zip(benchmark.claims, verdicts(benchmark.claims, comparison))
+        ],
         "comparison": {**comparison, "cells": cells},
     }
 
@@ -97,12 +102,12 @@ def refreshed(result: dict[str, Any]) -> dict[str, Any]:
     stored = comparison["spec"]
     spec = CompareSpec.from_dict(stored)
     facts = {key: comparison[key] for key in ("group_kind", "groups_per_seed", "metrics", "lower_is_better",
-                                              "metrics_note")}  # fmt: skip
+                                              "metrics_note", "unit") if key in comparison}  # fmt: skip
     summary = summarise(spec, facts, comparison["cells"])
     names = {f.name for f in dataclasses.fields(Claim)}
     claims = [Claim(**{key: value for key, value in claim.items() if key in names}) for claim in result["claims"]]
-    verdicts = [{**dataclasses.asdict(claim), **claim.verdict(summary)} for claim in claims]
-    return {**result, "claims": verdicts, "comparison": summary}
+    decided = [{**dataclasses.asdict(claim), **verdict} for claim, verdict in zip(claims, verdicts(claims, summary))]
+    return {**result, "claims": decided, "comparison": summary}
 
 
 def rendered(result: dict[str, Any]) -> str:
@@ -120,14 +125,22 @@ def rendered(result: dict[str, Any]) -> str:
         f"`python benchmarks/{result.get('script') or result['benchmark'] + '.py'}`: "
         f"`workbench compare --domain {spec['domain']}`, "
         f"{spec['folds']} grouped folds (groups: {comparison['group_kind']}) × {seed_text}, budget {spec['budget']} "
-        f"({comparison['budget_note']}); Δ: paired difference to {spec['reference']} with its 95 % bootstrap "
-        f"interval (resampling {resampled(seeds)}) and Wilcoxon p over the cells.",
+        f"({comparison['budget_note']}). Δ: paired difference to {spec['reference']} — " + statistics_text(comparison),
         "",
         _named(table(comparison, result["table_metrics"]), result["names"]),
         "",
     ]
+    moved = comparison["reference_moved"].get(result["table_metrics"][0])
+    if did_not_move(moved):
+        lines += [f"Nothing trained on {result['table_metrics'][0]} ({moved_text(moved)}): no entry gets a verdict.",
+                  ""]  # fmt: skip
+    tested = sum(not math.isnan(claim["p_holm"]) for claim in result["claims"])
+    if result["claims"]:
+        lines += [f"Claims ({tested} of {len(result['claims'])} tested; Holm over those; a one-sided claim holds "
+                  "when its adjusted p < 0.025, an equivalence by TOST at 0.025 per side):", ""]  # fmt: skip
     for claim in result["claims"]:
-        lines.append(f"- {claim['text']} — **{claim['line'].split(':', 1)[0]}**:{claim['line'].split(':', 1)[1]}")
+        verdict, detail = claim["line"].split(":", 1)
+        lines.append(f"- {claim['text']} — **{verdict}**:{detail}")
     if result["note"]:
         lines += ["", result["note"]]
     return "\n".join(lines) + "\n"

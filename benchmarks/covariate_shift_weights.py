@@ -30,7 +30,7 @@ def dimension(dim: int) -> Benchmark:
     """The comparison on generated problems of ``dim`` features."""
     return Benchmark(
         name=f"covariate_shift_weights_d{dim}",
-        spec=CompareSpec("features", ENTRIES, folds=2, seeds=tuple(range(100, 103)),
+        spec=CompareSpec("features", ENTRIES, folds=2, seeds=tuple(range(100, 103)), learner="dre-pp",
                          task_options={"problem": "covariate-shift", "dim": dim}),  # fmt: skip
         metrics=("mse", "r2"),
         names=NAMES,

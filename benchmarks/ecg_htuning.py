@@ -62,16 +62,16 @@ BENCHMARK = Benchmark(
         Claim(
             "htuning",
             "macro_auroc",
-            kind="not_worse",
+            kind="equivalent",
             margin=0.02,
-            text="H-Tuning's macro AUROC is within 0.02 of full fine-tuning's (the paper's claim)",
+            text="H-Tuning's macro AUROC is equivalent to full fine-tuning's within ±0.02 (the paper's claim)",
         ),  # fmt: skip
         Claim(
             "lora",
             "macro_auroc",
-            kind="not_worse",
+            kind="equivalent",
             margin=0.02,
-            text="LoRA's macro AUROC is within 0.02 of full fine-tuning's",
+            text="LoRA's macro AUROC is equivalent to full fine-tuning's within ±0.02",
         ),  # fmt: skip
     ),
     note="Every method under the authors' recipe (H-Tuning, ICML 2025): a 1 % linear warm-up and linear decay over "

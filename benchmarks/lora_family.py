@@ -20,9 +20,9 @@ grouped folds; the share is of the fold's training samples (`TRAIN_SAMPLES`, cou
 ``--train-size`` of 10 % and 30 %; 100 % takes them all), every entry on the same cells at the same budget (``steps``:
 the same epochs, no early stopping, the best validation-loss epoch kept), one learning rate (1e-3) for every entry,
 batch size the task's or the share's sample count when smaller. Cut to fit this shared 2-core machine (a cell took
-10-40 s under its load, mostly reading the data and scoring, not training): seeds 100-102 (6 cells per entry, the
-fewest for a verdict: `workbench.comparison_report.MIN_CELLS_FOR_VERDICT`) at 10 % on ptbxl, sleepedf and physio,
-where the claims are tested; seed 100 alone (2 cells: no verdict, a first look) at 30 % and 100 % and on medvl.
+10-40 s under its load, mostly reading the data and scoring, not training): seeds 100-102 (3 independent units, the
+fewest for a verdict: `workbench.statistics.MIN_UNITS`) at 10 % on ptbxl, sleepedf and physio, where the claims are
+tested; seed 100 alone (one unit: no verdict, a first look) at 30 % and 100 % and on medvl.
 Beside the table, ``first_epoch`` in each results file: every cell's validation loss after its
 first epoch (from its run's history, which the cell records do not keep), paired to plain LoRA's (LoRA-One's claim
 of a faster start).
@@ -44,9 +44,10 @@ from typing import Any
 from claims import HERE, RESULTS, Benchmark, run
 from medvl_hlora import subset
 
+from workbench import statistics
 from workbench.checkpoint import write_json
 from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim, paired_interval, signed_rank_p
+from workbench.comparison_report import Claim
 
 ENTRIES = (
     "lora",
@@ -82,7 +83,7 @@ NAMES = {
 }
 SHARES = (10, 30, 100)
 FOLDS = 2
-#: Seeds of the 10 % benchmarks but medvl's (6 cells per entry: the fewest for a verdict); the others take seed 100.
+#: Seeds of the 10 % benchmarks but medvl's (3 units: the fewest for a verdict); the others take seed 100.
 SEEDS_AT_10 = (100, 101, 102)
 LEARNING_RATE = 1e-3
 #: Subjects of the embedded medvl data whose comprehension records are compared (5 records each).
@@ -154,9 +155,8 @@ def spec(domain: str, share: int) -> CompareSpec:
 
 def claims(domain: str, share: int) -> tuple[Claim, ...]:
     """The issue's claims, on the headline metric: RepLoRA's and Flat-LoRA's at 10 %, LIFT's at every share. Only the
-    10 % benchmarks of ptbxl, sleepedf and physio have the 6 cells a verdict needs
-    (`workbench.comparison_report.MIN_CELLS_FOR_VERDICT`); the others are stated so that a rerun with more seeds
-    tests them."""
+    10 % benchmarks of ptbxl, sleepedf and physio have the 3 seeds (units) a verdict needs
+    (`workbench.statistics.MIN_UNITS`); the others are stated so that a rerun with more seeds tests them."""
     metric = DOMAINS[domain]["metrics"][0]
     lift = Claim("lift", metric, text=f"LIFT beats LoRA at {share} % of the training data")
     if share != 10:
@@ -178,10 +178,10 @@ def note(domain: str, share: int) -> str:
         else (f"every training sample of the fold (~{TRAIN_SAMPLES[domain]})")
     )
     seeds = (
-        f"2 grouped folds × seeds {', '.join(map(str, spec(domain, share).seeds))} (6 cells per entry, the fewest "
-        "for a verdict; the interval resamples cells)"
+        f"2 grouped folds × seeds {', '.join(map(str, spec(domain, share).seeds))} (3 independent units, the "
+        "fewest for a verdict)"
         if len(spec(domain, share).seeds) > 1
-        else "2 grouped folds × seed 100 (2 cells per entry: too few for any verdict; read the Δ as a first look)"
+        else "2 grouped folds × seed 100 (one unit: no verdict; read the Δ as a first look)"
     )
     text = (
         f"Cut to fit this shared 2-core machine: {seeds}; {settings['epochs']} epochs for every entry (budget "
@@ -220,24 +220,27 @@ def medvl_comprehension(subjects: int = MEDVL_SUBJECTS, out: Path = MEDVL_DATA) 
 
 def first_epoch(name: str, dev: bool) -> dict[str, Any]:
     """Each cell's validation loss after its first epoch, from its run's history, and per entry the paired difference
-    to plain LoRA (mean, 95 % bootstrap interval over the cells, signed-rank p)."""
+    to plain LoRA over the seeds (`first_epoch_summary`)."""
     folder = HERE / "runs" / ("dev" if dev else "") / name
     comparison = json.loads((folder / "comparison.json").read_text())
-    losses: dict[str, dict[tuple[int, int], float]] = {}
+    losses: dict[str, dict[str, float]] = {}
     for cell in comparison["cells"]:
         method = cell["method"].split(":", 1)[0].split("@", 1)[0]
         history = json.loads((folder / cell["run"] / "results" / f"{method}.json").read_text())["history"]
-        losses.setdefault(cell["method"], {})[(cell["fold"], cell["seed"])] = history[0]["val_loss"]
+        losses.setdefault(cell["method"], {})[f"fold{cell['fold']}-seed{cell['seed']}"] = history[0]["val_loss"]
+    return first_epoch_summary(losses)
+
+
+def first_epoch_summary(losses: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """``{"cells": losses, ENTRY: paired difference to lora}`` from each entry's first-epoch validation loss per cell
+    (``fold<k>-seed<s>``): `workbench.statistics.paired_units` over the seeds."""
     reference = losses["lora"]
-    out: dict[str, Any] = {"cells": {m: {f"fold{f}-seed{s}": v for (f, s), v in c.items()} for m, c in losses.items()}}
+    out: dict[str, Any] = {"cells": losses}
     for method, cells in losses.items():
-        if method == "lora":
-            continue
-        keys = sorted(cells)
-        differences = [cells[k] - reference[k] for k in keys]
-        low, high = paired_interval(differences, [k[1] for k in keys])
-        out[method] = {"mean": sum(differences) / len(differences), "interval": [low, high],
-                       "wilcoxon_p": signed_rank_p(differences), "cells": len(differences)}  # fmt: skip
+        if method != "lora":
+            keys = sorted(cells)
+            differences = [cells[k] - reference[k] for k in keys]
+            out[method] = statistics.paired_units(differences, [k.rsplit("seed", 1)[1] for k in keys])
     return out
 
 

@@ -22,7 +22,8 @@ from workbench.comparison_report import Claim
 BENCHMARK = Benchmark(
     name="partial_da_weights",
     spec=CompareSpec(
-        "features", ("full", "warmpot", "pada", "oracle"), folds=3, seeds=tuple(range(100, 105)), epochs=40
+        "features", ("full", "warmpot", "pada", "oracle"), folds=3, seeds=tuple(range(100, 105)), epochs=40,
+        learner="warmpot",  # uniform weights retrain the source model on its own data: not meant to move
     ),
     metrics=("balanced_accuracy", "accuracy"),
     names={"full": "uniform weights (full)", "pada": "PADA class weights", "oracle": "oracle weights"},
@@ -30,7 +31,8 @@ BENCHMARK = Benchmark(
         Claim("warmpot", "balanced_accuracy", text="WARMPOT's weights beat uniform weights"),
         Claim("warmpot", "balanced_accuracy", against="pada", text="WARMPOT's weights beat PADA's class weights"),
         Claim("warmpot", "balanced_accuracy", kind="not_worse", margin=0.02, against="oracle",
-              text="WARMPOT is within 0.02 of oracle weights that know the target's classes"),  # fmt: skip
+              text="WARMPOT is not worse than oracle weights that know the target's classes by more than "
+              "0.02"),  # fmt: skip
         Claim("warmpot", "outlier_weight_share", against="pada", direction="lower",
               text="WARMPOT puts less source weight on the classes the target lacks than PADA"),  # fmt: skip
     ),

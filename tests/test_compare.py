@@ -1,18 +1,17 @@
-"""`workbench compare`: grouped folds, paired statistics against closed forms, claims, resume, executors, CLI."""
+"""`workbench compare`: grouped folds, claims, resume, executors, CLI (the statistics: tests/test_statistics.py)."""
 
 from __future__ import annotations
 
 import json
 import math
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.cli import run as cli
 from workbench.comparison import CompareSpec, compare, fold_splits
-from workbench.comparison_report import Claim, paired_interval, signed_rank_p
+from workbench.comparison_report import Claim, verdicts
 from workbench.errors import UserError
 
 #: A features comparison small enough for the default suite (the source model pretrains 20 steps).
@@ -37,55 +36,32 @@ def test_every_group_is_tested_exactly_once_and_never_trains_against_itself(n, f
     assert fold_splits(groups, folds, seed, share) == splits  # the seed fixes the splits
 
 
-def test_signed_rank_p_matches_the_exact_closed_form():
-    # all n differences of one sign: the exact two-sided p is 2 / 2**n
-    assert signed_rank_p([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]) == pytest.approx(2 / 2**6)
-    assert signed_rank_p([-0.05, 0.1, 0.2, 0.25, 0.4, 0.5, 0.6, 0.7]) == pytest.approx(2 * 2 / 2**8)  # T- = 1: {}, {1}
-    assert signed_rank_p([0.0] * 5) == 1.0
-
-
-def test_paired_interval_is_a_percentile_bootstrap_of_the_mean():
-    assert paired_interval([0.2] * 7) == pytest.approx((0.2, 0.2))
-    values = np.random.default_rng(1).normal(0.5, 1.0, size=400)
-    low, high = paired_interval(values)
-    half = 1.96 * values.std(ddof=1) / math.sqrt(len(values))  # normal approximation for large n
-    assert low == pytest.approx(values.mean() - half, abs=0.03)
-    assert high == pytest.approx(values.mean() + half, abs=0.03)
-
-
-def test_with_five_seeds_or_more_the_interval_resamples_whole_seeds():
-    seed_means = [0.02, 0.05, -0.01, 0.04, 0.03, 0.0]
-    cells = [mean for mean in seed_means for _ in range(3)]  # three folds per seed, perfectly correlated
-    seeds = [seed for seed in range(6) for _ in range(3)]
-    clustered = paired_interval(cells, seeds)
-    assert clustered == pytest.approx(paired_interval(seed_means))  # the same draws: six independent units
-    per_cell = paired_interval(cells)
-    assert per_cell[1] - per_cell[0] < 0.75 * (clustered[1] - clustered[0])  # 18 "independent" cells: too narrow
-    assert paired_interval(cells[:12], seeds[:12]) == pytest.approx(paired_interval(cells[:12]))  # 4 seeds: cells
-
-
 def _comparison(differences, lower=()):
-    cells = [{"method": "full", "fold": k, "seed": 100, "metrics": {"m": 0.5}} for k in range(len(differences))]
-    cells += [{"method": "lora", "fold": k, "seed": 100, "metrics": {"m": 0.5 + d}} for k, d in enumerate(differences)]
+    """lora against full, one cell per difference, each on its own seed (independent units)."""
+    cells = [{"method": "full", "fold": 0, "seed": 100 + k, "metrics": {"m": 0.5}} for k in range(len(differences))]
+    cells += [{"method": "lora", "fold": 0, "seed": 100 + k, "metrics": {"m": 0.5 + d}}
+              for k, d in enumerate(differences)]  # fmt: skip
     return {"spec": {"reference": "full"}, "lower_is_better": list(lower), "cells": cells}
+
+
+def _holds(claim, comparison):
+    return verdicts([claim], comparison)[0]
 
 
 def test_a_claim_holds_only_when_its_interval_clears_the_margin():
     up = _comparison([0.04, 0.05, 0.06, 0.05, 0.045, 0.055])
-    assert Claim("lora", "m").verdict(up)["holds"]
-    assert Claim("lora", "m").verdict(up)["difference"] == pytest.approx(0.05)
-    assert not Claim("lora", "m", margin=0.1).verdict(up)["holds"]
-    assert "does not hold" in Claim("lora", "m", margin=0.1).verdict(up)["line"]
-    assert not Claim("full", "m", against="lora").verdict(up)["holds"]  # the other way round
+    assert _holds(Claim("lora", "m"), up)["holds"]
+    assert _holds(Claim("lora", "m"), up)["difference"] == pytest.approx(0.05)
+    above = _holds(Claim("lora", "m", margin=0.1), up)
+    assert not above["holds"] and above["verdict"] == "does not hold"  # the whole interval is below the margin
+    assert not _holds(Claim("full", "m", against="lora"), up)["holds"]  # the other way round
     noise = _comparison([0.04, -0.05, 0.06, -0.05, 0.01, -0.02])
-    assert not Claim("lora", "m").verdict(noise)["holds"]
-    assert Claim("lora", "m", kind="not_worse", margin=0.2).verdict(noise)["holds"]
+    assert _holds(Claim("lora", "m"), noise)["verdict"] == "no verdict"
+    assert _holds(Claim("lora", "m", kind="not_worse", margin=0.2), noise)["holds"]
     down = _comparison([-0.05, -0.04, -0.06, -0.05, -0.03, -0.05])
-    assert Claim("lora", "m").verdict(_comparison([-0.05] * 6, lower=["m"]))["holds"]  # an error that fell
-    assert Claim("lora", "m", direction="lower").verdict(down)["holds"]
-    assert not Claim("lora", "m").verdict(down)["holds"]
-    too_few = Claim("lora", "m").verdict(_comparison([0.05, 0.06, 0.05]))
-    assert not too_few["holds"] and "too few cells" in too_few["line"]
+    assert _holds(Claim("lora", "m"), _comparison([-0.05, -0.06, -0.04], lower=["m"]))["holds"]  # an error that fell
+    assert _holds(Claim("lora", "m", direction="lower"), down)["holds"]
+    assert _holds(Claim("lora", "m"), down)["verdict"] == "does not hold"
 
 
 def test_compare_runs_every_cell_on_the_same_splits_and_continues_where_it_stopped(tmp_path):
@@ -100,7 +76,7 @@ def test_compare_runs_every_cell_on_the_same_splits_and_continues_where_it_stopp
         assert len(tested) == len(set(tested)) == first["groups_per_seed"][str(seed)]
     assert first["budget_note"] == "every method took the same optimizer steps in every cell"
     paired = first["summary"]["warmpot"]["metrics"]["accuracy"]["vs_reference"]
-    assert paired["cells"] == 2 and paired["verdict"].startswith("too few cells")
+    assert paired["cells"] == 2 and paired["units"] == 1 and paired["verdict"].startswith("no verdict: 1 unit")
     assert (tmp_path / "c" / "report.md").read_text().count("| warmpot |") == 1
     assert (tmp_path / "c" / "forest.png").stat().st_size > 0
 

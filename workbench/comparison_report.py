@@ -1,12 +1,13 @@
-"""What a comparison says (`workbench.comparison`): per method mean ± sd of every metric, the paired difference to the
-reference over the (fold, seed) cells with a 95 % bootstrap interval and a Wilcoxon signed-rank p-value, costs, a
-forest plot, and claims checked against the intervals.
+"""What a comparison says (`workbench.comparison`): per method mean ± sd of every metric, the paired difference to
+the reference over independent units with a 95 % t interval, a Holm-adjusted p and the minimum detectable
+difference (`workbench.statistics`), costs, a forest plot, and claims with three verdicts: holds, does not hold, no
+verdict.
 
-The interval is a percentile bootstrap of the mean paired difference (10,000 draws, seeded). With at least
-`MIN_SEEDS_FOR_CLUSTERS` seeds it resamples whole seeds (each drawn seed brings all its folds): folds of one seed
-share training data (and, for generated problems, the problem itself), so they are not independent, and resampling
-cells would make the interval too narrow (Bengio & Grandvalet, 2004). With fewer seeds it resamples cells and says
-so. A difference whose interval holds 0 is reported as noise.
+The unit is the seed (each seed re-draws the folds and, for generated problems, the problem; a benchmark may say
+what a seed stands for, such as a target site): the folds of one seed share training data, so a unit's folds are
+averaged first and the statistics run over the unit means. Nothing is said (``no verdict``) with fewer than
+`workbench.statistics.MIN_UNITS` units, or when the reference method trained but did not move from the base model
+(its after − before interval holds 0): then every entry sits at the base model and their differences mean nothing.
 """
 
 from __future__ import annotations
@@ -18,68 +19,23 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from workbench import statistics
 from workbench.checkpoint import write_text
 
-#: Percentile-bootstrap draws of a paired interval.
-BOOTSTRAP_DRAWS = 10_000
 #: Metrics the forest plot shows (the first of the task's).
 FOREST_METRICS = 3
-#: A difference is shown when its 95 % interval excludes the bound and the signed-rank test agrees at this level.
-SIGNIFICANCE = 0.05
-#: Fewest seeds for an interval that resamples seeds rather than cells.
-MIN_SEEDS_FOR_CLUSTERS = 5
-#: Fewest paired cells for a verdict: below it a percentile bootstrap is too narrow and the signed-rank test cannot
-#: reach p < 0.05 (its smallest p with n cells is 2 / 2**n).
-MIN_CELLS_FOR_VERDICT = 6
-
-
-def paired_interval(
-    differences: Sequence[float], clusters: Sequence[Any] | None = None, level: float = 0.95, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the mean of ``differences``: whole ``clusters`` (each cell's seed) resampled
-    with replacement when there are at least `MIN_SEEDS_FOR_CLUSTERS` of them, else single cells."""
-    values = np.asarray(differences, dtype=float)
-    if len(values) < 2:
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    labels = np.asarray(clusters if clusters is not None else np.arange(len(values)))
-    names = np.unique(labels)
-    if len(names) >= MIN_SEEDS_FOR_CLUSTERS:
-        sums = np.array([values[labels == name].sum() for name in names])
-        counts = np.array([(labels == name).sum() for name in names])
-        draws = rng.integers(0, len(names), size=(BOOTSTRAP_DRAWS, len(names)))
-        means = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
-    else:
-        means = values[rng.integers(0, len(values), size=(BOOTSTRAP_DRAWS, len(values)))].mean(axis=1)
-    tail = (1 - level) / 2
-    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
-
-
-def resampled(seeds: Sequence[Any]) -> str:
-    """What `paired_interval` resamples for cells of these seeds: "seeds" or "cells"."""
-    return "seeds" if len(set(seeds)) >= MIN_SEEDS_FOR_CLUSTERS else "cells"
-
-
-def signed_rank_p(differences: Sequence[float]) -> float:
-    """Two-sided Wilcoxon signed-rank p-value of ``differences`` (scipy; 1.0 when every difference is 0, nan with
-    fewer than two cells). With n cells the smallest possible p is 2 / 2**n (0.0625 for 5)."""
-    from scipy.stats import wilcoxon
-
-    values = np.asarray(differences, dtype=float)
-    if len(values) < 2:
-        return float("nan")
-    if np.all(values == 0):
-        return 1.0
-    return float(wilcoxon(values).pvalue)
+#: Claim kinds: better by more than the margin; not worse by more than it; equivalent within ± it.
+CLAIM_KINDS = ("better", "not_worse", "equivalent")
 
 
 def summarise(spec: Any, facts: Mapping[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
-    """``comparison.json``: the spec, the groups, every cell, and per method its metrics, paired differences to
-    the reference and costs."""
+    """``comparison.json``: the spec, the groups, every cell, whether the reference moved from the base model, and per
+    method its metrics, paired differences to the reference (Holm over the methods, per metric) and costs."""
     metrics = [name for name in facts["metrics"] if all(name in r["metrics"] for r in records)]
     lower = set(facts["lower_is_better"])
     by_method = {name: [r for r in records if r["method"] == name] for name in spec.methods}
     reference = {(r["fold"], r["seed"]): r for r in by_method[spec.reference]}
+    moved = {metric: reference_moved(by_method[spec.learner or spec.reference], metric) for metric in metrics}
     summary = {}
     for name, cells in by_method.items():
         summary[name] = {"cells": len(cells), "metrics": {}, "costs": _costs(cells)}
@@ -87,52 +43,94 @@ def summarise(spec: Any, facts: Mapping[str, Any], records: list[dict[str, Any]]
             values = [r["metrics"][metric] for r in cells]
             entry = {"mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0}
             if name != spec.reference:
-                entry["vs_reference"] = _paired(cells, reference, metric, metric in lower)
+                entry["vs_reference"] = _paired(cells, reference, metric)
             summary[name]["metrics"][metric] = entry
+    for metric in metrics:  # Holm over the entries of the table, one family per metric
+        entries = [summary[name]["metrics"][metric]["vs_reference"] for name in spec.methods if name != spec.reference]
+        for entry, adjusted in zip(entries, statistics.holm([e["p"] for e in entries])):
+            entry["p_holm"] = adjusted
+            entry["verdict"] = _table_verdict(entry, metric in lower, moved[metric])
     return {
         "spec": spec.to_dict(),
         "development_seeds": spec.development,
         **dict(facts),
         "metrics": metrics,
+        "unit": facts.get("unit", "seed"),
+        "units": len({r["seed"] for r in records}),
         "budget_note": _budget_note(spec, records) + _schedule_note(spec),
+        "reference_moved": moved,
         "summary": summary,
         "cells": records,
     }
 
 
-def _paired(cells: list[dict], reference: dict, metric: str, lower_better: bool) -> dict[str, Any]:
-    """The paired difference (method − reference) of ``metric`` over the cells both have."""
+def reference_moved(cells: Sequence[Mapping[str, Any]], metric: str) -> dict[str, Any] | None:
+    """The reference's test ``metric`` after − before training over its units (`statistics.paired_units` plus
+    ``moved``: the 95 % interval excludes 0, or None below two units); None when it took no optimizer step (a method
+    that does not train, or the base model itself) or its cells do not record the metric before training."""
+    if not cells or not any(c.get("steps") for c in cells) or not all(metric in c.get("before", {}) for c in cells):
+        return None
+    paired = statistics.paired_units([c["metrics"][metric] - c["before"][metric] for c in cells],
+                                     [c["seed"] for c in cells])  # fmt: skip
+    low, high = paired["interval"]
+    paired["moved"] = None if math.isnan(low) else not low <= 0 <= high
+    paired["method"] = cells[0]["method"]
+    steps = [c.get("steps", 0) for c in cells]
+    kept = [c["kept_epoch"] for c in cells if c.get("kept_epoch") is not None]
+    paired["steps"] = [min(steps), max(steps)]
+    paired["kept_first"] = [sum(k == 1 for k in kept), len(kept)]
+    return paired
+
+
+def did_not_move(moved: Mapping[str, Any] | None) -> bool:
+    """Whether the reference trained and stayed inside its own noise (`reference_moved`)."""
+    return moved is not None and moved["moved"] is False
+
+
+def moved_text(moved: Mapping[str, Any]) -> str:
+    """How far the reference (or the comparison's learner) moved: its after − before with interval, steps per cell
+    and kept epochs."""
+    low, high = moved["interval"]
+    first, recorded = moved["kept_first"]
+    steps = "–".join(str(s) for s in sorted(set(moved["steps"])))
+    kept = f"kept epoch 1 in {first} of {recorded} cells" if recorded else "kept epochs not recorded"
+    return (
+        f"{moved['method']} did not move from the base model: after − before {moved['mean']:+.3f} "
+        f"[{low:+.3f}, {high:+.3f}] over {moved['units']} units; {steps} steps per cell, {kept}"
+    )
+
+
+def _paired(cells: list[dict], reference: dict, metric: str) -> dict[str, Any]:
+    """The paired difference (method − reference) of ``metric`` over the units both have (`statistics.paired_units`;
+    ``wins``: cells where the method is ahead)."""
     differences = [r["metrics"][metric] - reference[(r["fold"], r["seed"])]["metrics"][metric] for r in cells]
-    seeds = [r["seed"] for r in cells]
-    low, high = paired_interval(differences, seeds)
-    sign = -1 if lower_better else 1
-    better_low, better_high = sorted((sign * low, sign * high))  # the interval in the better direction
-    p = signed_rank_p(differences)
-    if len(differences) < MIN_CELLS_FOR_VERDICT:
-        verdict = f"too few cells for a verdict (< {MIN_CELLS_FOR_VERDICT})"
-    elif math.isnan(low) or better_low <= 0 <= better_high or not p < SIGNIFICANCE:
-        verdict = "no difference shown"
-    else:
-        verdict = "better" if better_low > 0 else "worse"
-    return {
-        "mean": float(np.mean(differences)),
-        "interval": [low, high],
-        "wilcoxon_p": p,
-        "wins": int(sum(sign * d > 0 for d in differences)),
-        "cells": len(differences),
-        "resampled": resampled(seeds),
-        "verdict": verdict,
-    }
+    paired = statistics.paired_units(differences, [r["seed"] for r in cells])
+    paired["wins"] = int(sum(d > 0 for d in differences))
+    return paired
+
+
+def _table_verdict(paired: Mapping[str, Any], lower_better: bool, moved: Mapping[str, Any] | None) -> str:
+    """ "better" / "worse" (Holm-adjusted two-sided p below `statistics.ALPHA`), "no difference shown", or why there
+    is no verdict."""
+    if paired["units"] < statistics.MIN_UNITS:
+        return f"no verdict: {paired['units']} unit(s), at least {statistics.MIN_UNITS} needed"
+    if did_not_move(moved):
+        return f"no verdict: {moved['method']} did not move from the base model"
+    if not paired["p_holm"] < statistics.ALPHA:
+        return "no difference shown"
+    return "better" if (paired["mean"] < 0) == lower_better else "worse"
 
 
 def _costs(cells: list[dict]) -> dict[str, Any]:
-    """Median trainable parameters and mean steps, epochs, training seconds and peak memory of a method's cells."""
+    """Median trainable parameters, mean steps, epochs, training seconds and peak memory of a method's cells, and how
+    many kept their first epoch."""
 
     def mean(key: str) -> float | None:
         values = [r[key] for r in cells if r.get(key) is not None]
         return float(np.mean(values)) if values else None
 
     parameters = [r["trainable_parameters"] for r in cells if r.get("trainable_parameters") is not None]
+    kept = [r["kept_epoch"] for r in cells if r.get("kept_epoch") is not None and r.get("epochs", 0) > 1]
     return {
         "trainable_parameters": int(np.median(parameters)) if parameters else None,
         "steps": mean("steps"),
@@ -142,6 +140,8 @@ def _costs(cells: list[dict]) -> dict[str, Any]:
         "training_step_bytes": mean("training_step_bytes"),
         "test_samples": mean("test_samples"),
         "learning_rates": sorted({r["learning_rate"] for r in cells if r.get("learning_rate") is not None}),
+        #: Cells (of those trained for more than one epoch that record it) whose kept epoch is the first.
+        "kept_first_epoch": [sum(k == 1 for k in kept), len(kept)],
     }
 
 
@@ -176,12 +176,13 @@ def _schedule_note(spec: Any) -> str:
 # -- claims ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Claim:
-    """A claim a benchmark tests: ``method`` against ``against`` (default: the reference) on ``metric``, paired over
-    the cells both have.
+    """A claim a benchmark tests: ``method`` against ``against`` (default: the reference) on ``metric``, paired within
+    units over the cells both have.
 
-    ``kind`` "better": the 95 % interval of the difference lies beyond ``margin`` in the metric's better direction;
-    "not_worse": it lies above ``-margin`` (non-inferiority within ``margin``). ``direction`` "higher" / "lower"
-    names the better direction of a metric the task does not list (a diagnostic such as a weight share).
+    ``kind`` "better": better by more than ``margin`` (one-sided t over unit means); "not_worse": not worse by more
+    than ``margin`` (non-inferiority, one-sided); "equivalent": within ± ``margin`` (TOST). ``direction`` "higher" /
+    "lower" names the better direction of a metric the task does not list (a diagnostic such as a weight share).
+    `verdicts` decides a benchmark's claims together (Holm over them).
     """
 
     method: str
@@ -192,32 +193,89 @@ class Claim:
     direction: str = ""
     text: str = ""
 
-    def verdict(self, comparison: Mapping[str, Any]) -> dict[str, Any]:
-        """``{"holds": bool, "line": "holds: ..." / "does not hold: ...", "difference", "interval", "cells"}``."""
+    def __post_init__(self) -> None:
+        if self.kind not in CLAIM_KINDS:
+            raise ValueError(f"claim kind must be one of {', '.join(CLAIM_KINDS)}, got {self.kind!r}")
+        if self.margin < 0 or (self.kind == "equivalent" and self.margin == 0):
+            raise ValueError(f"the margin of a {self.kind} claim must be positive, got {self.margin}")
+
+    def evidence(self, comparison: Mapping[str, Any]) -> dict[str, Any]:
+        """The paired difference over units (`statistics.paired_units`), its test's p (one-sided against the bound,
+        or TOST) before adjustment, and whether the comparison's reference moved from the base model."""
         against = self.against or comparison["spec"]["reference"]
         theirs = {(c["fold"], c["seed"]): c["metrics"] for c in comparison["cells"] if c["method"] == against}
         mine = [c for c in comparison["cells"] if c["method"] == self.method and (c["fold"], c["seed"]) in theirs]
         differences = [c["metrics"][self.metric] - theirs[(c["fold"], c["seed"])][self.metric] for c in mine]
-        interval = paired_interval(differences, [c["seed"] for c in mine])
+        units = [c["seed"] for c in mine]
+        paired = statistics.paired_units(differences, units)
         lower = self.direction == "lower" or (not self.direction and self.metric in comparison["lower_is_better"])
-        sign = -1 if lower else 1
-        low = min(sign * interval[0], sign * interval[1])  # the interval's bound nearest "worse"
-        enough = len(differences) >= MIN_CELLS_FOR_VERDICT
-        bound_value = self.margin if self.kind == "better" else -self.margin
-        p = signed_rank_p([sign * d - bound_value for d in differences])  # the test of "beyond the bound"
-        holds = enough and low > bound_value and p < SIGNIFICANCE
-        bound = f"{bound_value:+g}"
-        mean = float(np.mean(differences)) if differences else float("nan")
-        line = (
-            f"{'holds' if holds else 'does not hold'}: {self.method} − {against} on {self.metric} {mean:+.3f} "
-            f"[{interval[0]:+.3f}, {interval[1]:+.3f}] over {len(differences)} cells "
-            f"({'resampling seeds' if resampled([c['seed'] for c in mine]) == 'seeds' else 'resampling cells'}), "
-            f"signed-rank p={p:.2g} (holds when the interval clears {bound} towards {'lower' if lower else 'higher'} "
-            f"and p < {SIGNIFICANCE:g})"
-            + ("" if enough else f"; too few cells for a verdict (< {MIN_CELLS_FOR_VERDICT})")
+        better = -statistics.unit_means(differences, units) if lower else statistics.unit_means(differences, units)
+        if self.kind == "equivalent":
+            p = statistics.equivalence_p(better, self.margin)
+        else:
+            p = statistics.one_sided_p(better, self.margin if self.kind == "better" else -self.margin)
+        learner = comparison["spec"].get("learner") or comparison["spec"]["reference"]
+        moved = reference_moved([c for c in comparison["cells"] if c["method"] == learner], self.metric)
+        return {**paired, "against": against, "lower": lower, "p": p, "reference_moved": moved}
+
+    def decide(self, evidence: Mapping[str, Any], adjusted: float) -> tuple[str, str]:
+        """(verdict, why): "holds" when the Holm-adjusted p is below `statistics.ALPHA` / 2; "does not hold" when the
+        95 % interval contradicts the claim (lies at or beyond the bound the wrong way; for equivalence, outside
+        ± margin); else "no verdict", and always "no verdict" below `statistics.MIN_UNITS` units or when the
+        reference did not move from the base model."""
+        units = evidence["units"]
+        if units < statistics.MIN_UNITS:
+            return "no verdict", f"{units} unit(s), at least {statistics.MIN_UNITS} needed"
+        if did_not_move(evidence["reference_moved"]):
+            return "no verdict", moved_text(evidence["reference_moved"])
+        if adjusted < statistics.ALPHA / 2:
+            return "holds", ""
+        low, high = sorted(-x if evidence["lower"] else x for x in evidence["interval"])  # towards "better"
+        if self.kind == "equivalent":
+            contradicted = low >= self.margin or high <= -self.margin
+        else:
+            contradicted = high <= (self.margin if self.kind == "better" else -self.margin)
+        if contradicted:
+            return "does not hold", ""
+        underpowered = (
+            " and the minimum detectable difference exceeds the margin" if evidence["mdd"] > self.margin else ""
         )
-        return {"holds": bool(holds), "line": line, "difference": mean, "interval": list(interval),
-                "cells": len(differences)}  # fmt: skip
+        return "no verdict", "the interval reaches across the bound" + underpowered
+
+    def wording(self) -> str:
+        """What the claim tests, in words."""
+        if self.kind == "better":
+            return "better" + (f" by more than {self.margin:g}" if self.margin else "")
+        if self.kind == "not_worse":
+            return f"not worse by more than {self.margin:g}"
+        return f"equivalent within ±{self.margin:g}"
+
+
+def verdicts(claims: Sequence[Claim], comparison: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each claim's verdict, Holm-adjusted over the claims that are tested (those with enough units and a reference
+    that moved): ``{"verdict", "holds", "line", "difference", "interval", "units", "cells", "p", "p_holm", "mdd"}``."""
+    evidence = [claim.evidence(comparison) for claim in claims]
+    tested = [e["units"] >= statistics.MIN_UNITS and not did_not_move(e["reference_moved"]) for e in evidence]
+    adjusted = statistics.holm([e["p"] if ok else float("nan") for e, ok in zip(evidence, tested)])
+    family = sum(tested)
+    out = []
+    for claim, e, p_holm in zip(claims, evidence, adjusted):
+        verdict, why = claim.decide(e, p_holm)
+        low, high = e["interval"]
+        unit = comparison.get("unit", "seed")
+        test = "TOST" if claim.kind == "equivalent" else "one-sided t"
+        line = (
+            f"{verdict}: {claim.method} − {e['against']} on {claim.metric} {e['mean']:+.3f} [{low:+.3f}, {high:+.3f}] "
+            f"over {e['units']} unit(s) ({unit}; {e['cells']} cells); {claim.wording()} towards "
+            f"{'lower' if e['lower'] else 'higher'}: {test} p={e['p']:.2g}"
+            + (f", Holm-adjusted p={p_holm:.2g} over {family} claim(s)" if not math.isnan(p_holm) else "")
+            + f"; minimum detectable difference {e['mdd']:.3g}"
+            + (f" — {why}" if why else "")
+        )
+        out.append({"verdict": verdict, "holds": verdict == "holds", "line": line, "difference": e["mean"],
+                    "interval": list(e["interval"]), "units": e["units"], "cells": e["cells"], "p": e["p"],
+                    "p_holm": p_holm, "mdd": e["mdd"]})  # fmt: skip
+    return out
 
 
 # -- writing -------------------------------------------------------------------------------------------------------
@@ -230,20 +288,24 @@ def _difference(entry: Mapping[str, Any]) -> str:
     if paired is None:
         return "reference"
     low, high = paired["interval"]
-    return f"{paired['mean']:+.3f} [{low:+.3f}, {high:+.3f}] p={paired['wilcoxon_p']:.3g} ({paired['verdict']})"
+    p = "" if math.isnan(paired["p_holm"]) else f" Holm p={paired['p_holm']:.2g},"
+    return f"{paired['mean']:+.3f} [{low:+.3f}, {high:+.3f}]{p} MDD {paired['mdd']:.3g} ({paired['verdict']})"
 
 
 def table(comparison: Mapping[str, Any], metrics: Sequence[str] | None = None) -> str:
-    """The markdown table of a comparison: per method mean ± sd, paired difference with interval, costs (step MiB:
-    the tensors one training step allocates, `workbench.memory`; the process's peak is in the cells)."""
+    """The markdown table of a comparison: per method mean ± sd, the paired difference over units with its 95 %
+    interval, Holm-adjusted p, minimum detectable difference (MDD, 80 % power) and verdict, costs (step MiB: the
+    tensors one training step allocates, `workbench.memory`; the process's peak is in the cells) and the cells whose
+    kept epoch is the first."""
     metrics = list(metrics or comparison["metrics"][:2])
     headline = metrics[0]
     head = ["method", "cells", *(f"{m} (mean ± sd)" for m in metrics), f"Δ {headline} vs reference [95 % CI]",
-            "trainable params", "steps", "train s", "step MiB"]  # fmt: skip
+            "trainable params", "steps", "train s", "step MiB", "kept epoch 1"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, entry in comparison["summary"].items():
         costs = entry["costs"]
         memory = costs.get("training_step_bytes")
+        first, recorded = costs.get("kept_first_epoch", (0, 0))
         row = [
             name,
             str(entry["cells"]),
@@ -253,6 +315,7 @@ def table(comparison: Mapping[str, Any], metrics: Sequence[str] | None = None) -
             f"{costs['steps']:.0f}" if costs["steps"] is not None else "–",
             f"{costs['train_seconds']:.1f}" if costs["train_seconds"] is not None else "–",
             f"{memory / 2**20:.1f}" if memory else "–",
+            f"{first}/{recorded}" if recorded else "–",
         ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -281,10 +344,12 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
         "once per seed); every method on the same cells.",
         f"- Budget: {spec['budget']} — {comparison['budget_note']}.",
         f"- Learning rate: {_rate_text(spec, comparison['cells'])}.",
-        f"- Paired differences to **{spec['reference']}** over the (fold, seed) cells: mean, 95 % percentile-bootstrap "
-        f"interval ({_resampling_text(spec['seeds'])}), Wilcoxon signed-rank p over the cells. An interval holding 0 "
-        "is noise ('no difference shown').",
+        f"- Paired differences to **{spec['reference']}**: {statistics_text(comparison)}",
     ]
+    moved = comparison["reference_moved"].get(comparison["metrics"][0])
+    if did_not_move(moved):
+        lines.append(f"- **Nothing trained** on {comparison['metrics'][0]} ({moved_text(moved)}): no entry gets a "
+                     "verdict.")  # fmt: skip
     if comparison["development_seeds"]:
         lines.append("- **Development seeds (below 100): for tuning, not for reporting.**")
     lines += ["", table(comparison, comparison["metrics"][:3]), "", comparison["metrics_note"], ""]
@@ -293,11 +358,15 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
     write_text(out / "report.md", "\n".join(lines))
 
 
-def _resampling_text(seeds: Sequence[int]) -> str:
-    if resampled(seeds) == "seeds":
-        return f"resampling whole seeds: {len(seeds)} seeds"
-    return (f"resampling cells: fewer than {MIN_SEEDS_FOR_CLUSTERS} seeds, and folds of one seed are not independent, "
-            "so the interval is somewhat too narrow")  # fmt: skip
+def statistics_text(comparison: Mapping[str, Any]) -> str:
+    """How the paired differences are computed and decided, in one sentence."""
+    unit, units = comparison.get("unit", "seed"), comparison["units"]
+    return (
+        f"the folds of each unit ({unit}; {units} here) averaged, then the mean over units with a 95 % t interval, "
+        f"a two-sided t test Holm-adjusted over the table's entries (shown at p < {statistics.ALPHA:g}) and the "
+        f"minimum detectable difference (MDD) at {statistics.POWER * 100:.0f} % power; no verdict with fewer than "
+        f"{statistics.MIN_UNITS} units or when the reference (or the named learner) did not move from the base model."
+    )
 
 
 def _rate_text(spec: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> str:
@@ -341,3 +410,39 @@ def forest_plot(comparison: Mapping[str, Any], path: Path) -> str | None:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path.name
+
+
+# -- planning ----------------------------------------------------------------------------------------------------
+def plan(spec: Any, sd: float | None = None, effect: float | None = None,
+         pilot: Mapping[str, Any] | None = None) -> str:  # fmt: skip
+    """What ``workbench compare --plan`` prints, running no cell: for the planned units (``spec.seeds``), the minimum
+    detectable difference at `statistics.POWER` from ``sd`` (the standard deviation of one unit's mean paired
+    difference) or, per entry and metric, from a ``pilot`` comparison's unit means; and the units needed to detect
+    ``effect``."""
+    units = len(spec.seeds)
+    lines = [f"plan: {spec.domain}, {', '.join(spec.methods)} against {spec.reference}; {units} unit(s) (seeds "
+             f"{', '.join(str(s) for s in spec.seeds)}) × {spec.folds} folds; no cell is run."]  # fmt: skip
+    if units < statistics.MIN_UNITS:
+        lines.append(f"fewer than {statistics.MIN_UNITS} units: every verdict of this comparison will read "
+                     "'no verdict'; add seeds.")  # fmt: skip
+    sources = []
+    if sd is not None:
+        sources.append(("given --sd", sd))
+    if pilot is not None:
+        headline = pilot["metrics"][0]
+        for name, entry in pilot["summary"].items():
+            paired = entry["metrics"][headline].get("vs_reference")
+            if paired is not None and not math.isnan(paired.get("unit_sd", float("nan"))):
+                sources.append((f"pilot {name} − {pilot['spec']['reference']} on {headline} ({paired['units']} units)",
+                                paired["unit_sd"]))  # fmt: skip
+    lines.append(f"minimum detectable difference (MDD) at {statistics.POWER * 100:.0f} % power, two-sided "
+                 f"{statistics.ALPHA:g}, t over {units} unit means:")  # fmt: skip
+    for source, value in sources:
+        mdd = statistics.minimum_detectable_difference(value, units)
+        needed = statistics.units_needed(value, effect) if effect else None
+        wanted = "" if not effect else (f"; to detect {effect:g}: {needed} seeds" if needed is not None
+                                        else f"; to detect {effect:g}: more than 1000 seeds")  # fmt: skip
+        lines.append(f"  {source}: sd of a unit's mean difference {value:.3g} → MDD {mdd:.3g}{wanted}")
+    lines.append("The folds of a seed are averaged before testing: more folds shrink a unit's sd (a pilot measures "
+                 "it), more seeds shrink the MDD.")  # fmt: skip
+    return "\n".join(lines)
