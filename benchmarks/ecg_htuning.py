@@ -77,12 +77,10 @@ BENCHMARK = Benchmark(
     note="Every method under the authors' recipe (H-Tuning, ICML 2025): a 1 % linear warm-up and linear decay over "
     "at most 30 epochs, early stopping (patience 10) on the validation macro average precision, whose best epoch is "
     "kept; the learning rate chosen per cell on the same validation mAP from the authors' 2e-3 and 5e-4 (at 2e-3 "
-    "for every method, full fine-tuning fell below the unadapted teacher in most cells: see the closing note of "
-    "issue 26). Adam (AMSGrad, no weight decay), not the authors' AdamW, and no CutMix. "
-    "The earlier table (plateau schedule at 1e-3, 30 epochs, no early stopping, selection on validation loss, "
-    "3 folds × seeds 100–101): H-Tuning − full +0.029 [−0.009, +0.074] p = 0.16, LoRA − full +0.027 "
-    "[−0.012, +0.074]. Not compared: the distilled students (a compared cell has no adapted teacher). Training "
-    "memory per step and latency are measured apart (`--costs`, not a comparison).",
+    "for every method, full fine-tuning fell below the unadapted teacher in most cells of a development run that "
+    "is not kept here). Adam (AMSGrad, no weight decay), not the authors' AdamW, and no CutMix. Not compared: the "
+    "distilled students (a compared cell has no adapted teacher). Training memory per step and latency are measured "
+    "apart (`--costs`, not a comparison).",
 )
 
 #: Memory rows: (row name, method, options).
