@@ -161,8 +161,8 @@ def coverage_summary(result: dict[str, Any]) -> str:
     lines = [
         f"`python benchmarks/interval_coverage.py`: {result['reps']} simulated comparisons per shape (seeds × folds), "
         f"fold correlation {correlations}, normal and heavy-tailed noise (seed {result['seed']}). Each cell: the "
-        "lowest coverage of the nominal 95 % interval / the highest share of false \"better\" verdicts (true difference 0; "
-        "nominal 2.5 %) over those settings; – where a procedure gives no interval.",
+        "lowest coverage of the nominal 95 % interval / the highest share of false \"better\" verdicts (true "
+        "difference 0; nominal 2.5 %) over those settings; – where a procedure gives no interval.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
