@@ -162,8 +162,8 @@ def cut(task: str) -> str:
         f"Cut on this loaded 2-core machine (each cell had a fifth to a half of one core): 3 folds × 2 seeds (2 "
         f"independent units: too few for a verdict, which needs 3 seeds), {EPOCHS[task]} epochs (the study: 20) on "
         f"{TRAIN_WINDOWS[task]} training windows drawn per cell from the 16 training subjects' ~1,000, {VAL_WINDOWS} "
-        "validation windows; generated cohorts, not the study's 10-fold CV of real ones; one learning rate (the task's 1e-3) for every "
-        "entry, no grid; LoRA target sets conv, qkv or fc alone are not run."
+        "validation windows; generated cohorts, not the study's 10-fold CV of real ones; one learning rate (the "
+        "task's 1e-3) for every entry, no grid; LoRA target sets conv, qkv or fc alone are not run."
     )
 
 

@@ -124,6 +124,7 @@ def test_an_edited_metric_is_a_mismatch_and_an_old_record_still_reads(comparison
     record["metrics"]["accuracy"] = 123.0
     del record["manifest"], record["kept_epoch"]  # as written before manifests existed
     record_path.write_text(json.dumps(record))
+    (record_path.parent / "seal.json").unlink()  # nor seals (a sealed one is refused: test_sealed_runs)
     result = rerun_cell(out, CELL)
     assert not result["matches"] and result["mismatched"] == ["accuracy"]
     assert result["differences"]["accuracy"] == pytest.approx(123.0 - result["rerun"]["accuracy"])

@@ -14,32 +14,52 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from workbench.errors import UserError
+from workbench.errors import UserError, disk_error
+
+
+def is_temporary(name: str) -> bool:
+    """Whether the file or folder ``name`` is what an interrupted `atomic_path` or `atomic_folder` left behind (a
+    hidden ``.NAME.<random>.tmp...`` file, ``.NAME.tmp-<random>`` or ``.NAME.old-<pid>`` folder): never content."""
+    return name.startswith(".") and any(mark in name for mark in (".tmp", ".old-"))
 
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
 
-    The temporary name ends with ``path``'s suffixes, for writers that choose a format from them.
+    The temporary name ends with ``path``'s suffixes, for writers that choose a format from them. A full disk, a
+    read-only file system or a missing permission, when the folder or file is created, written or renamed, is a
+    `workbench.errors.DiskError` naming ``path`` (``path`` is then left as it was).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{''.join(path.suffixes)}"
-    )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{''.join(path.suffixes)}"
+        )
+    except OSError as error:
+        problem = disk_error(error, path)
+        if problem is None:
+            raise
+        raise problem from None
     os.close(handle)
     try:
         yield Path(temporary)
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
         os.replace(temporary, path)
+    except Exception as error:
+        problem = disk_error(error, path)
+        if problem is None:
+            raise
+        raise problem from None
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
 
 
 class atomic_folder:
-    """``with atomic_folder(out, overwrite) as work:`` — write into ``work`` beside ``out``, moved in at the end."""
+    """``with atomic_folder(out, overwrite) as work:`` — write into ``work`` beside ``out``, moved in at the end (a
+    full disk, a read-only file system or a missing permission: a `workbench.errors.DiskError` naming ``out``)."""
 
     def __init__(self, out_dir: str | Path, overwrite: bool):
         self.out_dir = Path(out_dir)
@@ -47,8 +67,14 @@ class atomic_folder:
             raise UserError(f"{self.out_dir}: already exists; pass overwrite=True to replace it")
 
     def __enter__(self) -> Path:
-        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.work = Path(tempfile.mkdtemp(dir=self.out_dir.parent, prefix=f".{self.out_dir.name}.tmp-"))
+        try:
+            self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+            self.work = Path(tempfile.mkdtemp(dir=self.out_dir.parent, prefix=f".{self.out_dir.name}.tmp-"))
+        except OSError as error:
+            problem = disk_error(error, self.out_dir)
+            if problem is None:
+                raise
+            raise problem from None
         return self.work
 
     def __exit__(self, exc_type, exc, traceback) -> None:
@@ -61,9 +87,17 @@ class atomic_folder:
                 os.replace(self.work, self.out_dir)
                 if old is not None:
                     shutil.rmtree(old)
+        except OSError as error:
+            problem = disk_error(error, self.out_dir)
+            if problem is None:
+                raise
+            raise problem from None
         finally:
             if self.work.exists():
                 shutil.rmtree(self.work)
+        problem = disk_error(exc, self.out_dir) if isinstance(exc, Exception) else None
+        if problem is not None:  # what the block wrote into the folder did not fit (or was refused)
+            raise problem from None
 
 
 def _umask() -> int:
@@ -121,9 +155,34 @@ def read_metadata(path: str | Path) -> dict[str, str]:
 
 
 def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> None:
-    """Write a training checkpoint (tensors, numbers, strings, lists, dicts) atomically."""
-    with atomic_path(path) as temporary:
-        torch.save(dict(state), temporary)
+    """Write a training checkpoint (tensors, numbers, strings, lists, dicts) atomically (a full disk: a
+    `workbench.errors.DiskError` naming ``path``)."""
+    with atomic_path(path) as temporary, open(temporary, "wb") as stream:
+        writer = _RecordingWriter(stream)
+        try:
+            torch.save(dict(state), writer)
+        except RuntimeError as error:  # torch's writer reports a failed write without its reason: give the reason
+            if writer.error is None:
+                raise
+            raise writer.error from error
+
+
+class _RecordingWriter:
+    """A binary file for `torch.save` that keeps the first `OSError` of its writes (torch replaces it with its own
+    RuntimeError that no longer says "no space left on device")."""
+
+    def __init__(self, stream: Any):
+        self.stream, self.error = stream, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.stream.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

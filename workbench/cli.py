@@ -1,7 +1,8 @@
 """The ``workbench`` command: a thin layer that parses options and calls the Python API.
 
-Exit codes: 0 success; 2 bad input (the message names the file, field or option to fix); 130
-interrupted (the run can be resumed with ``--resume``).
+Exit codes: 0 success; 2 bad input (the message names the file, field or option to fix), or a file the disk
+refuses (full, read-only, not permitted); 130 interrupted (``adapt`` continues with ``--resume``, ``compare`` with the
+same command).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ EXAMPLES = """examples (every task: workbench list):
   workbench evaluate --run runs/x --data PATH
   workbench data info TASK · workbench data check TASK --data PATH · workbench data generate TASK --out DIR
   workbench predict --run runs/x --input FOLDER --output predictions.csv
+  workbench verify runs/x                                 # a run's (or a comparison's) files against their seals
   workbench list
 """
 
@@ -203,9 +205,11 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     _add_compare_command(commands, chosen)
 
     evaluate = commands.add_parser("evaluate", help="re-score a finished run on other data")
-    evaluate.add_argument("--run", required=True, help="run directory")
+    evaluate.add_argument("run_folder", nargs="?", metavar="RUN", help="run directory (or --run RUN)")
+    evaluate.add_argument("--run", help="run directory")
     evaluate.add_argument("--data", help="data to score on (default: the run's own); its test split is used")
     evaluate.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    _add_trust_modified(evaluate)
     _add_threads(evaluate)
 
     _add_data_commands(commands, chosen)
@@ -213,8 +217,14 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     predict = commands.add_parser("predict", help="score every record of a folder with a finished run's model")
     predict.add_argument("--run", required=True, help="run directory (from workbench adapt)")
     predict.add_argument("--input", required=True, help="folder of inputs (records, files: what the run's task reads)")
-    predict.add_argument("--output", required=True, help="CSV to write (a .json with hashes is written beside it)")
+    predict.add_argument("--output", required=True, help="CSV to write (a .json with hashes is written beside it); "
+                         "never inside a run folder")  # fmt: skip
+    predict.add_argument("--overwrite", action="store_true", help="replace an earlier CSV and record at --output")
+    _add_trust_modified(predict)
     _add_threads(predict)
+
+    verify = commands.add_parser("verify", help="check a run's or a comparison's files against their seals")
+    verify.add_argument("folder", metavar="DIR", help="a run (workbench adapt --out) or comparison folder")
 
     pretrain = commands.add_parser("pretrain", help="train the task's shipped foundation model from scratch")
     pretrain.add_argument("--domain", required=True)
@@ -427,7 +437,11 @@ def _plan(args: argparse.Namespace) -> None:
             pilot = json.loads(path.read_text())
         except (OSError, ValueError) as error:
             raise UserError(f"--pilot {args.pilot}: cannot read {path} ({error}); give a finished comparison folder")
-        paired = [m.get("vs_reference") for entry in pilot["summary"].values() for m in entry["metrics"].values()]
+        try:
+            paired = [m.get("vs_reference") for entry in pilot["summary"].values() for m in entry["metrics"].values()]
+        except (KeyError, TypeError, AttributeError) as error:
+            raise UserError(f"--pilot {args.pilot}: {path} is damaged (no comparison's summary: "
+                            f"{type(error).__name__} {error}); give a finished comparison") from None  # fmt: skip
         if any(p is not None and "unit_sd" not in p for p in paired):
             raise UserError(f"--pilot {args.pilot}: {path} was written before seed-level statistics; rerun "
                             "`workbench compare` on that folder to rewrite it")  # fmt: skip
@@ -523,6 +537,36 @@ def _add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads (default: chosen at start, see workbench.threads)")
 
 
+def _add_trust_modified(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trust-modified", action="store_true", help="use a run whose files differ from its "
+                        "seal.json (changed after it finished); the output records it")  # fmt: skip
+
+
+def _verify(folder: str) -> int:
+    """``workbench verify DIR``: 0 and "ok: N files verified" when every sealed file below ``DIR`` matches its seal
+    and every finished run, cell and comparison there has one; else 2, naming each bad file on stderr."""
+    from workbench.errors import UserError
+    from workbench.seal import SEAL, verify
+
+    path = Path(folder)
+    if not path.is_dir():
+        raise UserError(f"{path}: no such folder (give a run or comparison folder)")
+    result = verify(path)
+    if not (result.checked or result.problems or result.unsealed):
+        raise UserError(f"{path}: not a finished run or comparison (no {SEAL}, no metrics.json or comparison.json)")
+    for extra in result.extra:
+        print(f"not sealed (added after sealing; not checked): {extra}")
+    for problem in result.problems:
+        print(f"workbench: error: {problem}", file=sys.stderr)
+    for unsealed in result.unsealed:
+        print(f"workbench: error: {unsealed}: no {SEAL} (written before runs were sealed): cannot be verified",
+              file=sys.stderr)  # fmt: skip
+    if not result.ok:
+        return 2
+    print(f"ok: {result.checked} files verified in {path}")
+    return 0
+
+
 
 def _list() -> str:
     """Every registered task, model and method in aligned columns (names, then descriptions wrapped beside them),
@@ -577,7 +621,6 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if getattr(args, "quiet", False):
         logging.getLogger().setLevel(logging.WARNING)
-    import workbench
     from workbench.registry import methods, tasks
     from workbench.threads import use_threads
 
@@ -610,7 +653,15 @@ def run(argv: Sequence[str] | None = None) -> int:
         compare(_compare_spec(args), out, workers=args.workers, threads=args.threads, executor=args.executor,
                 scheduler=args.scheduler, quiet=args.quiet)  # fmt: skip
     elif args.command == "evaluate":
-        metrics = workbench.evaluate(args.run, data=args.data, device=args.device)
+        from workbench.errors import UserError
+        from workbench.run import evaluate_run
+
+        if (args.run is None) == (args.run_folder is None):
+            raise UserError("evaluate needs one run: workbench evaluate RUN (or --run RUN)")
+        run_folder = args.run or args.run_folder
+        metrics, sealed = evaluate_run(run_folder, data=args.data, device=args.device,
+                                       trust_modified=args.trust_modified)  # fmt: skip
+        print(_seal_line(run_folder, sealed))
         print("\n".join(f"{name:28}{value:12.3f}" for name, value in metrics.items()))
     elif args.command == "data":
         task_cls = tasks.get(args.task)
@@ -634,8 +685,14 @@ def run(argv: Sequence[str] | None = None) -> int:
     elif args.command == "predict":
         from workbench.run import predict
 
-        record = predict(args.run, args.input, args.output)
+        record = predict(
+            args.run, args.input, args.output, overwrite=args.overwrite, trust_modified=args.trust_modified
+        )
+        if "problems" in record["run_seal"]:
+            print(_seal_line(args.run, record["run_seal"]))
         print(f"wrote {record['records']} row(s) to {args.output}, {record['failed']} without scores (see status)")
+    elif args.command == "verify":
+        return _verify(args.folder)
     elif args.command == "pretrain":
         task = tasks.get(args.domain)()
         from workbench.errors import UserError
@@ -650,20 +707,50 @@ def run(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point: user errors print one line and exit 2, without a traceback."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    from workbench.errors import UserError
+def _seal_line(run: str, sealed: dict[str, Any]) -> str:
+    """What ``evaluate`` and ``predict`` print about the run's seal (`workbench.seal.check_run`)."""
+    if sealed["status"] == "verified":
+        return f"run {run}: {sealed['files']} files match its seal.json"
+    if sealed["status"] == "unsealed":
+        return f"run {run}: no seal.json (written before runs were sealed): not verified"
+    return f"run {run}: {sealed['status']}: " + "; ".join(sealed["problems"])
 
+
+#: How an interrupted command continues, by command (the others start again).
+_CONTINUES = {
+    "adapt": "continue with the same command plus --resume (and the same --out)",
+    "compare": "run the same command again to continue (finished cells are kept)",
+}
+#: Commands whose flags include the task's options (``--allow-paths-outside`` among them).
+_TASK_OPTION_COMMANDS = ("adapt", "compare", "data")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point: user errors, and files that cannot be written for a reason of their disk (full,
+    read-only, not permitted), print one line and exit 2, without a traceback; Ctrl-C exits 130."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    from workbench.errors import UserError, disk_error
+    from workbench.paths import PathOutsideData
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = words[0] if words else ""
     try:
-        code = run(argv)
+        code = run(words)
     except UserError as error:
-        print(f"workbench: error: {error}", file=sys.stderr)
+        message = str(error)
+        if isinstance(error, PathOutsideData) and command not in _TASK_OPTION_COMMANDS:  # it takes no such flag
+            message = f"{error.problem}; copy the file into that folder to read it"
+        print(f"workbench: error: {message}", file=sys.stderr)
+        code = 2
+    except OSError as error:
+        problem = disk_error(error)
+        if problem is None:
+            raise
+        print(f"workbench: error: {problem}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
-        print(
-            "workbench: interrupted; continue with the same command plus --resume (and the same --out)", file=sys.stderr
-        )
+        then = _CONTINUES.get(command)
+        print("workbench: interrupted" + (f"; {then}" if then else ""), file=sys.stderr)
         code = 130
     sys.exit(code)
 

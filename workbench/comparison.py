@@ -13,28 +13,40 @@ rate whose run has the lowest validation loss (the test split never chooses).
 Every record can be audited: it holds the epoch its run kept (``kept_epoch``) and a ``manifest`` (`cell_manifest`:
 configuration hash, data fingerprint, package versions, source commit, steps, kept epoch, wall time), and
 `rerun_cell` (``workbench compare --rerun-cell ID DIR``) runs one cell again in a temporary folder and sets its
-metrics and hashes beside the recorded ones. Records written before the manifest existed lack both keys.
+metrics and hashes beside the recorded ones. Records written before the manifest existed lack both keys. Each cell
+folder is sealed (`workbench.seal`: its run's files and ``cell.json``, sha256 and size) before its record appears, the
+comparison seals its own files when it writes its report, and the report step verifies every cell first: a record
+changed after it was written is refused, naming it (``workbench verify DIR`` checks the whole comparison).
 
 A compare is resumable: cells with a record are kept, a cell whose run was interrupted resumes, and the same command
-(same ``spec.json``) picks up where it stopped. Cells run one after another in this process, in local worker
-processes, or on a Dask cluster (`distributed.Client`, whose executor has the same interface as the local one; the
-output folder must then be on a file system every worker sees). The results are ``comparison.json`` and
-``report.md`` (`workbench.comparison_report`).
+(same ``spec.json``, same ``--threads`` as ``compute.json`` records) picks up where it stopped. A rerun refuses other
+settings naming the fields that differ, other threads, and a recorded cell whose data fingerprint is not that of the
+data now; a damaged ``cell.json`` is a cache (its cell runs again, saying so), one copied from another cell, a damaged
+``spec.json`` and a worker that died are one line. Cells run one after another in this process, in local worker
+processes (which end with this process, however it ends), or on a Dask cluster (`distributed.Client`, whose executor
+has the same interface as the local one; the output folder must then be on a file system every worker sees). The
+results are ``comparison.json`` and ``report.md`` (`workbench.comparison_report`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process
+import ctypes
 import dataclasses
 import hashlib
 import json
 import logging
 import math
 import multiprocessing
+import os
 import platform
 import re
+import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,11 +57,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from workbench.checkpoint import write_json
+from workbench.checkpoint import write_json, write_text
 from workbench.config import RunConfig, resolve_config
 from workbench.errors import UserError
+from workbench.fingerprint import data_fingerprint
 from workbench.registry import methods, models, tasks
 from workbench.rundir import claim_run_dir
+from workbench.seal import seal, verify
+
+_log = logging.getLogger("workbench")
 
 #: Budget policies: the same for every method of a comparison.
 BUDGETS = ("steps", "convergence")
@@ -233,8 +249,9 @@ def run_cell(spec: CompareSpec, cell: Cell, out: str, threads: int | None = None
     ``<out>/cells/<method>/fold<k>-seed<s>/cell.json``; returns the record. Runs interrupted earlier resume."""
     folder = Path(out) / "cells" / cell.name
     done = folder / "cell.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    recorded = _recorded(Path(out), cell)
+    if isinstance(recorded, dict):
+        return recorded
     rates = spec.lr_grid or (spec.learning_rate,)
     runs = {}
     start = time.perf_counter()
@@ -254,7 +271,9 @@ def run_cell(spec: CompareSpec, cell: Cell, out: str, threads: int | None = None
         "lr_grid": {f"{rate:g}": runs[rate]["best_objective"] for rate in rates} if len(rates) > 1 else {},
         "manifest": cell_manifest(spec, cell, runs[chosen], wall_seconds),
     }
-    write_json(done, record)
+    text = json.dumps(record, indent=2) + "\n"
+    seal(folder, "cell", pending={"cell.json": text.encode()}, extend=True)  # its run's seal, then the record
+    write_text(done, text)
     return record
 
 
@@ -284,27 +303,6 @@ def config_hash(configs: Sequence[RunConfig]) -> str:
     """sha256 (hex) of the configurations ``configs`` as canonical JSON, less the fields of `UNHASHED`."""
     content = [{k: v for k, v in config.to_dict().items() if k not in UNHASHED} for config in configs]
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def data_fingerprint(data: str | Path | None, domain: str, task_options: Mapping[str, Any], seed: int) -> str:
-    """sha256 (hex) of the data a run of task ``domain`` reads: every file under ``data`` (a folder: each file's
-    path relative to it and the sha256 of its bytes, in sorted order; a file: its name and bytes); without ``data``,
-    the task's default data (`workbench.task.Task.default_data` with ``task_options`` and ``seed``): the files of
-    its embedded data alike, or the text naming its generator, options and seed."""
-    source = Path(data) if data is not None else tasks.get(domain)(**task_options).default_data(seed)
-    digest = hashlib.sha256()
-    if isinstance(source, str):
-        digest.update(source.encode())
-        return digest.hexdigest()
-    files = sorted(path for path in source.rglob("*") if path.is_file()) if source.is_dir() else [source]
-    for path in files:
-        name = path.relative_to(source) if source.is_dir() else Path(path.name)
-        content = hashlib.sha256()
-        with path.open("rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                content.update(block)
-        digest.update(name.as_posix().encode() + b"\0" + content.digest())
-    return digest.hexdigest()
 
 
 def versions() -> dict[str, str]:
@@ -454,34 +452,174 @@ def compare(
         raise UserError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     out = Path(out)
     resume = _check_spec(out, spec)
+    if resume:
+        _check_threads(out, threads)
     cells, facts = plan_cells(spec, quiet)
     for cell in cells[: len(spec.methods)]:  # each method's settings, checked before anything is written
         for rate in spec.lr_grid or (spec.learning_rate,):
             resolve_config(cell_request(spec, cell, out, rate, None))
-    with claim_run_dir(out, resume=resume):
+    with claim_run_dir(out, resume=resume, continues=None):  # no spec.json: nothing a rerun could continue
         if not resume:
             write_json(out / "spec.json", spec.to_dict())
+        if not (out / COMPUTE).is_file():
+            write_json(out / COMPUTE, {"threads": threads})
         records = _run_cells(spec, cells, out, (workers, threads), executor, scheduler, quiet)
+        _verify_cells(out, cells)
         comparison = comparison_report.summarise(spec, facts, records)
         write_json(out / "comparison.json", comparison)
         comparison_report.write(comparison, out)
+        seal(out, "comparison")  # its own files; each cell's folder holds its own seal
     if not quiet:
         print(comparison_report.console_table(comparison))
         print(f"comparison written to {out}")
     return comparison
 
 
+def _verify_cells(out: Path, cells: Sequence[Cell]) -> None:
+    """Every cell's record and run files as their seal says (`workbench.seal.verify`), before they are summarised;
+    cells recorded before cells were sealed are used with one warning.
+
+    Raises:
+        UserError: one line naming the first file that differs from its cell's seal.
+    """
+    unsealed = []
+    for cell in cells:
+        result = verify(out / "cells" / cell.name)
+        if result.problems:
+            more = f" (and {len(result.problems) - 1} more: workbench verify {out})" if len(result.problems) > 1 else ""
+            raise UserError(f"{result.problems[0]}{more}; the report uses only records that match their seals: "
+                            f"remove {out / 'cells' / cell.name} to run that cell again")  # fmt: skip
+        unsealed += result.unsealed
+    if unsealed:
+        logging.getLogger("workbench").warning(
+            "%d cell folder(s) of %s have no seal.json (recorded before cells were sealed): not verified",
+            len(unsealed),
+            out,
+        )
+
+
 def _check_spec(out: Path, spec: CompareSpec) -> bool:
-    """Whether ``out`` holds this comparison already (to continue); a `UserError` when it holds another."""
+    """Whether ``out`` holds this comparison already (to continue); a `UserError` when it holds another (naming the
+    fields that differ) or its ``spec.json`` cannot be read."""
     written = out / "spec.json"
     if not written.is_file():
         return False
-    if CompareSpec.from_dict(json.loads(written.read_text())).to_dict() != spec.to_dict():
-        raise UserError(
-            f"{out} holds a comparison with other settings (its spec.json); give another --out, or the same "
-            "settings to continue it"
-        )
+    earlier = _read_spec(written).to_dict()
+    now = spec.to_dict()
+    changed = [key for key in now if earlier.get(key) != now[key]]
+    if changed:
+        details = "; ".join(f"{_SPEC_FLAGS.get(key, key)}: was {json.dumps(earlier.get(key))}, now "
+                            f"{json.dumps(now[key])}" for key in changed)  # fmt: skip
+        raise UserError(f"{out} holds a comparison with other settings ({details}; its spec.json); give another "
+                        "--out, or the same settings to continue it")  # fmt: skip
     return True
+
+
+#: How messages name a `CompareSpec` field whose flag is not its name.
+_SPEC_FLAGS = {
+    "val_share": "val_share (--fold-val-share)",
+    "learning_rate": "learning_rate (--lr)",
+    "method_options": "method_options (--set)",
+    "task_options": "task_options (the task's flags)",
+}
+#: The file of a comparison folder that says how its cells computed, beside ``spec.json`` (what they compute): the
+#: CPU threads of each cell (``--threads``), which change numbers in their last digits but are not compared.
+COMPUTE = "compute.json"
+#: What every cell record holds; a record without one of them is damaged (its cell runs again).
+RECORD_KEYS = ("method", "fold", "seed", "split", "metrics")
+
+
+def _json_object(path: Path) -> dict[str, Any] | str:
+    """The JSON object in ``path``, or what is wrong with it in words (not UTF-8 or not JSON, say truncated; another
+    JSON value, say null)."""
+    try:
+        content = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"not JSON: {error}"
+    kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(content), "a number")
+    return content if isinstance(content, dict) else f"{kind}, not a JSON object"
+
+
+def _read_spec(path: Path) -> CompareSpec:
+    """The spec in a comparison's ``spec.json``; a `UserError` in one line when it is damaged."""
+    content = _json_object(path)
+    if isinstance(content, str):
+        raise UserError(f"{path}: damaged ({content}); what this comparison ran cannot be read: give another --out")
+    try:
+        return CompareSpec.from_dict(content)
+    except (TypeError, ValueError) as error:
+        raise UserError(f"{path}: not the spec of a comparison ({error}); give another --out") from None
+
+
+def _check_threads(out: Path, threads: int) -> None:
+    """A rerun computes with the ``--threads`` the comparison in ``out`` computed with (its ``compute.json``; for a
+    comparison written before there was one: its recorded cells' threads); a `UserError` naming them when not."""
+    path = out / COMPUTE
+    if path.is_file():
+        content = _json_object(path)
+        if isinstance(content, str) or not isinstance(content.get("threads"), int):
+            raise UserError(f"{path}: damaged ({content if isinstance(content, str) else 'no threads'}); the threads "
+                            "this comparison computed with cannot be read: give another --out")  # fmt: skip
+        earlier, source = {content["threads"]}, path.name
+    else:
+        records = [_json_object(record) for record in sorted(out.glob("cells/*/*/cell.json"))]
+        earlier = {r["threads"] for r in records if isinstance(r, dict) and isinstance(r.get("threads"), int)}
+        source = "its cells' cell.json"
+    if earlier and earlier != {threads}:
+        shown = ", ".join(map(str, sorted(earlier)))
+        raise UserError(f"{out}: its cells computed with --threads {shown} ({source}), this command with --threads "
+                        f"{threads}; the thread count changes the numbers, so the cells would not be comparable: give "
+                        f"--threads {shown} to continue it, or another --out")  # fmt: skip
+
+
+def _recorded(out: Path, cell: Cell) -> dict[str, Any] | str | None:
+    """The record of ``cell`` in the comparison ``out``: None when it has none; a text saying what is wrong when its
+    ``cell.json`` is damaged (not JSON, not an object, a key of `RECORD_KEYS` missing, metrics or split that are not
+    objects): a record is a cache of its cell's run, so the cell runs again (a finished run is only read again).
+
+    Raises:
+        UserError: the record is of another cell (copied from another folder).
+    """
+    path = out / "cells" / cell.name / "cell.json"
+    if not path.is_file():
+        return None
+    record = _json_object(path)
+    if isinstance(record, str):
+        return record
+    missing = [key for key in RECORD_KEYS if key not in record]
+    if missing:
+        return f"no {', '.join(missing)}"
+    if not (isinstance(record["metrics"], dict) and isinstance(record["split"], dict)):
+        return "its metrics or split are not JSON objects"
+    if (record["method"], record["fold"], record["seed"]) != (cell.method, cell.fold, cell.seed):
+        named = f"{record['method']}/fold{record['fold']}-seed{record['seed']}"
+        raise UserError(f"{path}: records the cell {named}, not {cell.name} (copied from another cell's folder?); "
+                        "remove it to run this cell again")  # fmt: skip
+    return record
+
+
+def _check_recorded_data(spec: CompareSpec, cell: Cell, record: Mapping[str, Any], out: Path,
+                         known: dict[tuple[int, str], str]) -> bool:  # fmt: skip
+    """The data fingerprint in ``cell``'s record (its manifest) is that of the data now (``known``: the fingerprints
+    computed so far, by seed and task options); False for a record without one (written before manifests). A
+    `UserError` naming the cell when the data changed, or when the record holds another split than the cell's."""
+    path = out / "cells" / cell.name / "cell.json"
+    manifest = record.get("manifest")
+    recorded = manifest.get("data_fingerprint") if isinstance(manifest, dict) else None
+    if recorded is not None:
+        rate = (spec.lr_grid or (spec.learning_rate,))[0]
+        options = resolve_config(cell_request(spec, cell, Path(), rate, None))[0].task_options
+        key = (cell.seed, json.dumps(options, sort_keys=True, default=str))
+        if key not in known:
+            known[key] = data_fingerprint(spec.data, spec.domain, options, cell.seed)
+        if known[key] != recorded:
+            raise UserError(f"cell {cell.name}: the data changed since it was recorded (its data fingerprint in {path} "
+                            "is not that of the data now); the comparison would mix two data sets: give the data it "
+                            "ran on, or another --out")  # fmt: skip
+    if record["split"] != {name: list(groups) for name, groups in cell.split.items()}:
+        raise UserError(f"{path}: records another split than cell {cell.name} has (its data or its folds changed?); "
+                        "remove it to run this cell again")  # fmt: skip
+    return recorded is not None
 
 
 def rerun_cell(out: str | Path, cell_name: str, threads: int | None = None) -> dict[str, Any]:
@@ -501,13 +639,17 @@ def rerun_cell(out: str | Path, cell_name: str, threads: int | None = None) -> d
     out = Path(out)
     if not (out / "spec.json").is_file():
         raise UserError(f"{out}: no spec.json; give the folder of a comparison (the --out of workbench compare)")
-    spec = CompareSpec.from_dict(json.loads((out / "spec.json").read_text()))
+    spec = _read_spec(out / "spec.json")
     names = sorted(path.parent.relative_to(out / "cells").as_posix() for path in out.glob("cells/*/*/cell.json"))
     if cell_name not in names:
         shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
         raise UserError(f"{out} has no recorded cell {cell_name!r} (METHOD/fold<k>-seed<s>; its cells: "
                         f"{shown or 'none yet'})")  # fmt: skip
-    record = json.loads((out / "cells" / cell_name / "cell.json").read_text())
+    record = _json_object(out / "cells" / cell_name / "cell.json")
+    if isinstance(record, str) or not isinstance(record.get("seed"), int):
+        why = record if isinstance(record, str) else "no seed"
+        raise UserError(f"{out / 'cells' / cell_name / 'cell.json'}: damaged ({why}); rerun the comparison (the same "
+                        "command) to record that cell again")  # fmt: skip
     cells, _ = plan_cells(dataclasses.replace(spec, seeds=(record["seed"],)))
     cell = next((cell for cell in cells if cell.name == cell_name), None)
     if cell is None:
@@ -576,14 +718,23 @@ def _run_cells(
     workers, threads = parallel
     records: dict[str, dict[str, Any]] = {}
     todo = []
+    fingerprints: dict[tuple[int, str], str] = {}
+    unchecked = 0
     for cell in cells:
-        done = out / "cells" / cell.name / "cell.json"
-        if done.is_file():
-            records[cell.name] = json.loads(done.read_text())
-        else:
-            todo.append(cell)
+        record = _recorded(out, cell)
+        if isinstance(record, dict):
+            unchecked += not _check_recorded_data(spec, cell, record, out, fingerprints)
+            records[cell.name] = record
+            continue
+        if record is not None:
+            _log.warning("%s: damaged (%s): running cell %s again", out / "cells" / cell.name / "cell.json", record,
+                         cell.name)  # fmt: skip
+        todo.append(cell)
+    if unchecked:
+        _log.warning("%d recorded cell(s) of %s have no data fingerprint (recorded before cells had a manifest): "
+                     "their data are not checked", unchecked, out)  # fmt: skip
     bar = tqdm(total=len(cells), initial=len(records), desc="cells", unit="cell", disable=quiet)
-    with _executor(workers, executor, scheduler) as pool:
+    with _executor(workers, executor, scheduler, quiet) as pool:
         if pool is None:
             previous = torch.get_num_threads()  # a cell sets this process's threads: give the caller's back
             try:
@@ -608,18 +759,34 @@ def _checked(cell: Cell, result: Any) -> dict[str, Any]:
         return result()
     except UserError as error:
         raise UserError(f"cell {cell.name}: {error}") from None
+    except concurrent.futures.process.BrokenProcessPool:
+        raise UserError(f"a worker process died (killed, or out of memory?) before cell {cell.name} was recorded; "
+                        "the cells finished so far are: run the same command again to continue") from None  # fmt: skip
 
 
 @contextmanager
-def _executor(workers: int, executor: str, scheduler: str | None) -> Iterator[concurrent.futures.Executor | None]:
-    """None (cells in this process), local worker processes, or a Dask cluster's `concurrent.futures` executor."""
+def _executor(
+    workers: int, executor: str, scheduler: str | None, quiet: bool = False
+) -> Iterator[concurrent.futures.Executor | None]:
+    """None (cells in this process), local worker processes, or a Dask cluster's `concurrent.futures` executor.
+
+    Local workers end with this process, however it ends (`_die_with_parent`: kill -9 included), and on an error no
+    queued cell starts (running ones finish and are recorded). A local Dask cluster is closed on any exit of the
+    block; its worker processes end with this one by Dask's own watch of their parent. ``quiet``: Dask logs only
+    errors."""
     if executor == "local":
         if workers == 1:
             yield None
             return
         context = multiprocessing.get_context("spawn")  # no forked torch state in the workers
-        with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            yield pool
+        with concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)
+        ) as pool:
+            try:
+                yield pool
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
         return
     try:
         from distributed import Client, LocalCluster
@@ -627,10 +794,45 @@ def _executor(workers: int, executor: str, scheduler: str | None) -> Iterator[co
         from workbench.registry import install_command
 
         raise UserError(f"--executor dask needs Dask's distributed scheduler: {install_command('cluster')}") from None
-    if scheduler is not None:
-        with Client(scheduler) as client:
-            yield client.get_executor(pure=False)
-        return
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        with Client(cluster) as client:
-            yield client.get_executor(pure=False)
+    dask_logs = logging.getLogger("distributed")
+    level = dask_logs.level
+    if quiet:
+        dask_logs.setLevel(logging.ERROR)
+    try:
+        if scheduler is not None:
+            with Client(scheduler) as client:
+                yield client.get_executor(pure=False)
+            return
+        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+            with Client(cluster) as client:
+                yield client.get_executor(pure=False)
+    finally:
+        dask_logs.setLevel(level)
+
+
+#: Linux's ``prctl`` option that sends a process a signal when its parent ends (``<linux/prctl.h>``).
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Initializer of a local worker process: it is killed when ``parent`` (the comparison's process, which started
+    it) ends, kill -9 included, so that no worker goes on running cells that nobody will record. On Linux the kernel
+    sends it SIGKILL (``prctl(PR_SET_PDEATHSIG)``); elsewhere a thread watches for a new parent process id."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+                if os.getppid() != parent:  # the parent ended before the call
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            pass
+    threading.Thread(target=_watch_parent, args=(parent,), name="workbench-parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent: int, every_seconds: float = 0.5) -> None:
+    """End this process as soon as its parent is no longer ``parent`` (it ended; the process was given to another)."""
+    tick = threading.Event()  # never set: its wait is a pause
+    while os.getppid() == parent:
+        tick.wait(every_seconds)
+    os._exit(1)

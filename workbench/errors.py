@@ -6,6 +6,9 @@ without a traceback and exits with code 2. Everything else is a bug and keeps it
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from pathlib import Path
 
 
@@ -16,3 +19,39 @@ class UserError(Exception):
 def field_error(path: str | Path, field: str, expected: str, found: str) -> UserError:
     """A `UserError` about one field of one file: ``FILE: field 'F': expected X, found Y``."""
     return UserError(f"{path}: field '{field}': expected {expected}, found {found}")
+
+
+#: ``errno`` values of a write that the user can fix: no space, a read-only file system, no permission, a quota.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT})
+
+
+#: What a `DiskError` asks of the user, by ``errno`` (the others: permissions).
+_DISK_FIXES = {
+    errno.ENOSPC: "free some space there (or write elsewhere)",
+    errno.EDQUOT: "free some space there (or write elsewhere)",
+    errno.EROFS: "write elsewhere (that file system is read-only)",
+}
+
+
+class DiskError(UserError):
+    """A file could not be written or created for a reason of its disk (full, read-only, not permitted)."""
+
+
+def disk_error(error: BaseException, path: str | Path | None = None) -> DiskError | None:
+    """A `DiskError` naming ``path`` (else the file ``error`` names) when ``error``, or an error it arose from, is one
+    of `DISK_ERRNOS` (an `OSError`, or a library's error that quotes the system's, as safetensors' "(os error 28)");
+    None for any other error, and for a `UserError` (already said in words)."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen and not isinstance(cause, UserError):
+        seen.add(id(cause))
+        code = cause.errno if isinstance(cause, OSError) else None
+        if code is None:
+            found = re.search(r"\(os error (\d+)\)", str(cause))
+            code = int(found.group(1)) if found else None
+        if code in DISK_ERRNOS:
+            where = path or (cause.filename if isinstance(cause, OSError) and cause.filename else None) or "a file"
+            return DiskError(f"{where}: {os.strerror(code)}; {_DISK_FIXES.get(code, 'give this user access to it')}, "
+                             "then run the command again")  # fmt: skip
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    return None

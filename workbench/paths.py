@@ -24,7 +24,14 @@ ALLOW_PATHS_OUTSIDE = Option(
 
 
 class PathOutsideData(UserError):
-    """A record names a file outside the data folder."""
+    """A record names a file outside the data folder: ``problem`` says which, and the message adds `HINT` (the
+    command line replaces it where the command does not take the flag)."""
+
+    HINT = "pass --allow-paths-outside to read it anyway"
+
+    def __init__(self, problem: str):
+        super().__init__(f"{problem}; {self.HINT}")
+        self.problem = problem
 
 
 def confined(named: str | Path, root: str | Path, record: str, allow: bool = False) -> Path:
@@ -33,8 +40,5 @@ def confined(named: str | Path, root: str | Path, record: str, allow: bool = Fal
     root = Path(root).resolve()
     path = (root / named).resolve()  # an absolute ``named`` replaces root
     if not allow and not path.is_relative_to(root):
-        raise PathOutsideData(
-            f"{record}: names '{named}', which lies outside the data folder {root}; "
-            "pass --allow-paths-outside to read it anyway"
-        )
+        raise PathOutsideData(f"{record}: names '{named}', which lies outside the data folder {root}")
     return path

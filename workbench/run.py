@@ -3,6 +3,8 @@
 Run directory::
 
     config.yaml             the resolved configuration
+    fingerprint.json        written when the run starts: the hash of its settings (config.yaml less --out) and the
+                            fingerprint of its data (`workbench.fingerprint`); --resume refuses what differs
     metrics.json            before/after, baselines, parameter counts, time, memory (written last)
     adapter.safetensors     what the chosen method trained (+ adapter.json: method, options, task state)
     report.md, *.png        tables and plots
@@ -10,6 +12,8 @@ Run directory::
     results/                one finished method each (metrics, history, predictions): what --resume reuses
     checkpoints/            the method in training, one file per method, removed when the run completes
     <method>/               what the chosen method's stages made besides the adapter (`PlanInputs.outputs`)
+    seal.json               sha256 and size of every file above (`workbench.seal`): written when the run finishes;
+                            `evaluate` and `predict` verify it before they use the run
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ from workbench import randomness, report
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
 from workbench.config import MethodEntry, RunConfig, RunRequest, resolve_config
 from workbench.errors import UserError
+from workbench.fingerprint import data_changes, data_record, settings_hash
 from workbench.memory import PeakMemory, training_step_bytes
 from workbench.method import Method, PlanInputs, Stage, count_parameters
 from workbench.records import SkipReport
 from workbench.registry import methods, tasks
 from workbench.rundir import check_out_path, claim_file, claim_run_dir
+from workbench.seal import check_run, seal
 from workbench.task import Evaluation, Task, TaskData
 from workbench.threads import use_threads
 from workbench.trainer import Trainer, TrainSettings, distributed
@@ -146,6 +152,9 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
         return Run.load(out_dir)
     earlier_threads = Run.read_config_file(out_dir).threads if resume and request.threads is None else 0
     config = dataclasses.replace(config, threads=use_threads(request.threads or earlier_threads or None))
+    data_print = data_record(config.data, config.task, config.task_options, config.seed) if rank == 0 else {}
+    if resume and rank == 0:
+        _check_data(out_dir, data_print)
 
     task: Task = tasks.get(config.task)(**config.task_options)
     task.progress = not quiet
@@ -173,8 +182,11 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
         return _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank)
     with claim_run_dir(out_dir, resume):
         write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
+        write_json(out_dir / FINGERPRINT, {"settings_hash": _settings_hash(config.to_dict()), **data_print})
         with _logging_to(out_dir / "log.txt"):
-            return _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank)
+            finished = _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank)
+        seal(out_dir, "run")  # last, once log.txt is closed: every file the run produced (`workbench.seal`)
+        return finished
 
 
 def _fitted_batch_size(config: RunConfig, n_train: int, given: bool) -> RunConfig:
@@ -256,11 +268,27 @@ def _adapt_steps(
     return Run(out_dir, config, metrics)
 
 
-def evaluate(run: str | Path, data: str | None = None, device: str = "auto") -> dict[str, float]:
-    """Re-score a finished run on the test split of ``data`` (default: its own data); writes ``evaluations/``."""
+def evaluate(
+    run: str | Path, data: str | None = None, device: str = "auto", trust_modified: bool = False
+) -> dict[str, float]:
+    """Re-score a finished run on the test split of ``data`` (default: its own data); writes ``evaluations/``.
+
+    The run's files are verified against its seal first (`workbench.seal.check_run`): a file changed after the run
+    finished is a `UserError` naming it, unless ``trust_modified``. Returns the metrics."""
+    return evaluate_run(run, data, device, trust_modified)[0]
+
+
+def evaluate_run(
+    run: str | Path, data: str | None = None, device: str = "auto", trust_modified: bool = False
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """`evaluate`, with what `workbench.seal.check_run` said of the run's seal (``workbench evaluate`` prints it).
+
+    The data are read with the run's preprocessing (`workbench.task.Task.use_run_state`, as `predict` does)."""
+    config = Run.read_config(run)
+    sealed = check_run(run, trust_modified)  # before anything the run wrote is used
     finished = Run.load(run)
-    config = finished.config
     task = tasks.get(config.task)(**config.task_options)
+    task.use_run_state(json.loads((finished.path / "adapter.json").read_text())["task_state"])
     device = torch.device(
         "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
     )
@@ -273,18 +301,31 @@ def evaluate(run: str | Path, data: str | None = None, device: str = "auto") -> 
     with claim_run_dir(finished.path, resume=True):
         write_json(
             finished.path / "evaluations" / f"{Path(source).stem if source else 'default-data'}.json",
-            {"data": source or "the task's default data", "test_samples": len(samples), "metrics": evaluation.metrics},
-        )
-    return evaluation.metrics
+            {"data": source or "the task's default data", "test_samples": len(samples), "metrics": evaluation.metrics,
+             "run_seal": sealed},
+        )  # fmt: skip
+    return evaluation.metrics, sealed
 
 
-def predict(run: str | Path, input: str | Path, output: str | Path) -> dict[str, Any]:
+def predict(
+    run: str | Path, input: str | Path, output: str | Path, *, overwrite: bool = False, trust_modified: bool = False
+) -> dict[str, Any]:
     """Score every input of the folder ``input`` with a finished run's merged model (``workbench predict``).
 
     Writes ``output`` (CSV, one row per input: the task's columns and a ``status`` saying why a bad input has no
-    scores) and beside it ``<output stem>.json``: sha256 of the base model's files, the adapter and the data card,
-    the facts the task adds (classes, thresholds, ...), the workbench version. Both are written atomically.
-    Returns the sidecar's content.
+    scores) and beside it ``<output stem>.json``: sha256 of the base model's files, the adapter, the data card and
+    the CSV, what the run's seal said (``run_seal``), the facts the task adds (classes, thresholds, ...), the
+    workbench version. Returns that record.
+
+    Before the model is loaded and any input scored: the run's files are verified against its seal (a changed file
+    is a `UserError` naming it unless ``trust_modified``: then the record says so), and the output is checked
+    (`workbench.outputs`): a ``.csv`` outside every run folder, not a folder, in a writable folder with room for it,
+    and not there yet unless ``overwrite``. The CSV and its record are written as a pair under the output's lock
+    (`workbench.outputs.write_pair`: a reader never sees a CSV beside the record of another write). Inputs are made
+    with the run's preprocessing (`workbench.task.Task.use_run_state`, as `evaluate` does).
+
+    Raises:
+        UserError: besides the checks above, when no input could be scored (nothing is written then).
     """
     import csv
     import hashlib
@@ -293,52 +334,75 @@ def predict(run: str | Path, input: str | Path, output: str | Path) -> dict[str,
 
     import workbench
     from workbench.datacard import load_card
+    from workbench.outputs import check_location, check_output, record_path, write_pair
 
     folder, output = Path(input), Path(output)
     if not folder.is_dir():
         raise UserError(f"{folder}: no such folder (give --input a folder of inputs)")
-    if output.suffix.lower() != ".csv":
-        raise UserError(f"{output}: the output must be a .csv file")
+    check_location(output)
     config = Run.read_config(run)
     task = tasks.get(config.task)(**config.task_options)
     if "predict" not in task.capabilities:
         raise UserError(f"task '{config.task}' has no batch prediction (workbench predict)")
-    finished = Run.load(run)
-    adapter = json.loads((finished.path / "adapter.json").read_text())
-    predictions = task.predict_folder(finished.model, folder, adapter["task_state"])
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=predictions.columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(predictions.rows)
+    sealed = check_run(run, trust_modified)  # before anything the run wrote is used
+    with claim_file(output):  # the output is this process's from its check to its last rename
+        check_output(output, overwrite, _output_estimate(folder))
+        finished = Run.load(run)
+        adapter = json.loads((finished.path / "adapter.json").read_text())
+        task.use_run_state(adapter["task_state"])
+        predictions = task.predict_folder(finished.model, folder, adapter["task_state"])
+        statuses = [row.get("status", "ok") for row in predictions.rows]
+        if all(status != "ok" for status in statuses):
+            first = next(iter(predictions.rows), {})
+            example = f" (the first, {first.get('record', '?')}: {first.get('status')})" if first else ""
+            raise UserError(f"{folder}: no input could be scored: all {len(statuses)} failed{example}; nothing was "
+                            f"written to {output}")  # fmt: skip (every task gives a bad input a row: never 0 rows)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=predictions.columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(predictions.rows)
+        table = text.getvalue().encode()
 
-    def sha256(path: Path) -> str:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        def sha256(path: Path) -> str:
+            return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
-    cards = [task.card] if config.data is None else list(task.reads or (task.card,))
-    files = {
-        "base_model": {str(p): sha256(p) for p in task.model_files(config.model) if Path(p).is_file()},
-        "adapter": {name: sha256(finished.path / name) for name in ("adapter.safetensors", "adapter.json")},
-        "data_cards": {name: sha256(Path(load_card(name).path)) for name in cards},
-    }
-    statuses = [row.get("status", "ok") for row in predictions.rows]
-    record = {
-        "workbench_version": workbench.__version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "run": str(finished.path),
-        "task": config.task,
-        "method": adapter["method"],
-        "method_options": adapter["options"],
-        "input": str(folder),
-        "output": str(output),
-        "records": len(predictions.rows),
-        "failed": sum(status != "ok" for status in statuses),
-        **predictions.facts,
-        "sha256": files,
-    }
-    with claim_file(output):  # the CSV and its record come from one process
-        write_text(output, text.getvalue())
-        write_json(output.with_suffix(".json"), record)
+        cards = [task.card] if config.data is None else list(task.reads or (task.card,))
+        files = {
+            "base_model": {str(p): sha256(p) for p in task.model_files(config.model) if Path(p).is_file()},
+            "adapter": {name: sha256(finished.path / name) for name in ("adapter.safetensors", "adapter.json")},
+            "data_cards": {name: sha256(Path(load_card(name).path)) for name in cards},
+            "csv": hashlib.sha256(table).hexdigest(),
+        }
+        record = {
+            "workbench_version": workbench.__version__,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "run": str(finished.path),
+            "run_seal": sealed,
+            "task": config.task,
+            "method": adapter["method"],
+            "method_options": adapter["options"],
+            "input": str(folder),
+            "output": str(output),
+            "records": len(predictions.rows),
+            "failed": sum(status != "ok" for status in statuses),
+            **predictions.facts,
+            "sha256": files,
+        }
+        content = (json.dumps(record, indent=2) + "\n").encode()
+        check_output(output, True, len(table) + len(content))  # the exact size, now that it is known
+        write_pair(output, table, record_path(output), content)
     return record
+
+
+def _output_estimate(folder: Path) -> int:
+    """What ``predict``'s output needs before anything is scored [bytes]: a lower estimate (`OUTPUT_BYTES_PER_INPUT`
+    per file of the input folder), so that a nearly full disk is refused early and no output is refused that could
+    fit; the exact size is checked again before writing."""
+    return OUTPUT_BYTES_PER_INPUT * sum(1 for path in folder.rglob("*") if path.is_file())
+
+
+#: Bytes of predictions per input file that `_output_estimate` counts (one CSV row of a handful of scores).
+OUTPUT_BYTES_PER_INPUT = 256
 
 
 # -- steps of `adapt` ----------------------------------------------------------------------------
@@ -356,12 +420,22 @@ def _init_distributed(device: str) -> None:
 
 
 def _check_out_dir(out_dir: Path, config: RunConfig, resume: bool, fitted: tuple[str, ...] = ()) -> None:
+    """``--out`` can take this run (`workbench.rundir.check_out_path`); with ``resume``, the interrupted run there
+    had the settings of ``config`` (``fitted``: settings the run chooses itself, kept from the interrupted run), as
+    its ``config.yaml`` says and its ``fingerprint.json`` confirms. A `UserError` in one line naming what differs."""
     check_out_path(out_dir, resume)
     saved = out_dir / "config.yaml"
     if resume:
         if not saved.is_file():
             raise UserError(f"{out_dir}: nothing to resume (no config.yaml); give the --out of an earlier run")
-        earlier = yaml.safe_load(saved.read_text())
+        try:
+            earlier = yaml.safe_load(saved.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            earlier = error
+        if not isinstance(earlier, dict):
+            found = f"not YAML: {str(earlier).splitlines()[0]}" if isinstance(earlier, Exception) else "no mapping"
+            raise UserError(f"{saved}: damaged ({found}), not the configuration a run writes; this run cannot be "
+                            f"resumed: start afresh in another --out")  # fmt: skip
         now = config.to_dict()
         ignored = {"out", *fitted}
         changed = {
@@ -370,6 +444,49 @@ def _check_out_dir(out_dir: Path, config: RunConfig, resume: bool, fitted: tuple
         if changed:
             details = "; ".join(f"{key}: was {old!r}, now {new!r}" for key, (old, new) in changed.items())
             raise UserError(f"{saved}: --resume must use the same settings as the interrupted run ({details})")
+        recorded = _read_fingerprint(out_dir)
+        if recorded is not None and recorded.get("settings_hash") != _settings_hash(earlier):
+            raise UserError(f"{saved}: changed since the run started (its settings no longer match "
+                            f"{out_dir / FINGERPRINT}); this run cannot be resumed: start afresh in another "
+                            "--out")  # fmt: skip
+
+
+#: The file in which a run records, when it starts, what its numbers depend on (`workbench.fingerprint`).
+FINGERPRINT = "fingerprint.json"
+
+
+def _settings_hash(settings: dict[str, Any]) -> str:
+    """`workbench.fingerprint.settings_hash` of a run's resolved configuration, less where it writes."""
+    return settings_hash({key: value for key, value in settings.items() if key != "out"})
+
+
+def _read_fingerprint(out_dir: Path) -> dict[str, Any] | None:
+    """The ``fingerprint.json`` of the run in ``out_dir``; None for a run started before runs recorded one."""
+    path = out_dir / FINGERPRINT
+    if not path.is_file():
+        return None
+    try:
+        content = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        content = error
+    if not isinstance(content, dict):
+        raise UserError(f"{path}: damaged ({'not JSON' if isinstance(content, Exception) else 'no JSON object'}); "
+                        "what this run started with cannot be checked: start afresh in another --out")  # fmt: skip
+    return content
+
+
+def _check_data(out_dir: Path, now: dict[str, Any]) -> None:
+    """The interrupted run in ``out_dir`` started on the data whose `workbench.fingerprint.data_record` is ``now``:
+    a `UserError` naming what changed when not; a warning when the run is older than fingerprints."""
+    recorded = _read_fingerprint(out_dir)
+    if recorded is None:
+        log.warning("%s was started before runs recorded their data's fingerprint: resuming without checking that "
+                    "its data are unchanged", out_dir)  # fmt: skip
+        return
+    if recorded.get("data_fingerprint") != now["data_fingerprint"]:
+        raise UserError(f"{out_dir}: the data changed since this run started ({data_changes(recorded, now)}); "
+                        "resuming would mix two data sets: give the data it started on, or start afresh in another "
+                        "--out")  # fmt: skip
 
 
 @contextmanager

@@ -194,9 +194,9 @@ class Task:
         raise NotImplementedError
 
     def default_data(self, seed: int) -> Path | str:
-        """What `read` reads when given no data, for a compared cell's data fingerprint (`workbench.comparison.
-        data_fingerprint`): the file or folder of the embedded data, or for generated data a text naming the
-        generator, its options and ``seed`` (this default: the task, its options and ``seed``)."""
+        """What `read` reads when given no data, for the data fingerprint of a run and a compared cell (`workbench.
+        fingerprint.data_fingerprint`): the file or folder of the embedded data, or for generated data a text naming
+        the generator, its options and ``seed`` (this default: the task, its options and ``seed``)."""
         options = ", ".join(f"{name}={value!r}" for name, value in sorted(self.config.items()))
         return f"the generator of task '{self.name}' ({options}, seed={seed})"
 
@@ -253,6 +253,12 @@ class Task:
     def restore(self, model: nn.Module, state: Mapping[str, Any]) -> None:
         """Put a task state returned by ``prepare`` back into a freshly loaded model."""
         raise NotImplementedError
+
+    def use_run_state(self, state: Mapping[str, Any]) -> None:
+        """Before reading inputs for a finished run's model, adopt what the run's task state (``adapter.json``) says
+        about making model inputs from files (its preprocessing). `workbench.run.evaluate` (before `read`) and
+        `workbench.run.predict` (before `predict_folder`) both call it: one code path, so both score inputs made as
+        the run made them. Default: nothing (the task options in the run's ``config.yaml`` say it all)."""
 
     def rebuild(self, source: str | Path | None, trust_checkpoint: bool, state: Mapping[str, Any]) -> nn.Module:
         """The base model of a finished run: ``load_model`` then ``restore`` (tasks whose model shape depends

@@ -169,6 +169,9 @@ class PtbXl(Task):
     options = (
         Option("target_site", str, DEFAULT_TARGET_SITE, "embedded data: the site to adapt to (1, 2 or 3)"),
     )
+    #: How records become model inputs: `PREPROCESSING` for a new run; a finished run's own (its task state) once
+    #: `use_run_state` has been called, as `workbench evaluate` and `workbench predict` do.
+    preprocessing: EcgPreprocessing = PREPROCESSING
 
     @classmethod
     def profile(cls, method: str) -> dict[str, Any]:
@@ -181,7 +184,7 @@ class PtbXl(Task):
             site = str(self.config["target_site"])
             if site in SOURCE_SITES:
                 raise UserError(f"--target-site {site} is the source site of the shipped teacher; choose 1, 2 or 3")
-            records = read_embedded(PREPROCESSING, on_error=self.config["on_bad_record"])
+            records = read_embedded(self.preprocessing, on_error=self.config["on_bad_record"])
             if site not in set(records.sites.tolist()):
                 raise UserError(f"--target-site {site}: the embedded data has sites {sorted(set(records.sites))}")
             records = records.subset(records.sites == site)
@@ -223,9 +226,9 @@ class PtbXl(Task):
         options = {"on_error": self.config["on_bad_record"], "progress": self.progress,
                    "allow_outside": self.config["allow_paths_outside"]}  # fmt: skip
         if (path / "ptbxl_database.csv").is_file():
-            return read_ptbxl(path, PREPROCESSING, card="ptbxl", **options)
+            return read_ptbxl(path, self.preprocessing, card="ptbxl", **options)
         if path.is_dir() and next(path.rglob("*.hea"), None) is not None:
-            return read_cinc2021(path, PREPROCESSING, classes=SUPERCLASSES, card="cinc2021", **options)
+            return read_cinc2021(path, self.preprocessing, classes=SUPERCLASSES, card="cinc2021", **options)
         raise UserError(
             f"{path}: expected a folder in PTB-XL's layout (ptbxl_database.csv, scp_statements.csv, records100/, "
             "records500/) or PhysioNet/CinC 2021 records (<name>.hea + <name>.mat with '# Dx:' codes)"
@@ -256,7 +259,7 @@ class PtbXl(Task):
         return {
             "classes": list(SUPERCLASSES),
             "thresholds": [float(t) for t in thresholds],
-            "preprocessing": asdict(PREPROCESSING),
+            "preprocessing": asdict(self.preprocessing),
         }
 
     def _thresholds(self, model: nn.Module, val: Sequence[EcgSample]) -> np.ndarray:
@@ -271,6 +274,10 @@ class PtbXl(Task):
 
     def restore(self, model: nn.Module, state: Mapping[str, Any]) -> None:
         model.ecg_thresholds = [float(t) for t in state["thresholds"]]
+
+    def use_run_state(self, state: Mapping[str, Any]) -> None:
+        """Read records with the run's preprocessing (its task state's; `PREPROCESSING` for runs older than it)."""
+        self.preprocessing = PREPROCESSING if "preprocessing" not in state else _preprocessing(state["preprocessing"])
 
     def test_samples(self, model: nn.Module, raw: EcgSplits) -> list[EcgSample]:
         return raw.samples("test")
@@ -360,7 +367,8 @@ class PtbXl(Task):
         """
         classes = list(state["classes"])
         thresholds = np.asarray(state["thresholds"], dtype=float)
-        settings = PREPROCESSING if "preprocessing" not in state else _preprocessing(state["preprocessing"])
+        self.use_run_state(state)
+        settings = self.preprocessing
         headers = sorted(Path(folder).rglob("*.hea"))
         if not headers:
             raise UserError(f"{folder}: no WFDB record (*.hea) in this folder")
@@ -388,7 +396,7 @@ class PtbXl(Task):
         """Every record the run would read, opened and checked (bad ones into ``self.skipped``); classes, sites,
         folds and the records left out for having no superclass."""
         if data is None:
-            records = read_embedded(PREPROCESSING, on_error=self.config["on_bad_record"])
+            records = read_embedded(self.preprocessing, on_error=self.config["on_bad_record"])
         else:
             records = self._read_folder(Path(data))
         self.skipped = records.skipped
