@@ -121,3 +121,14 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     finally:
         logging.getLogger().removeHandler(logs)
     return subprocess.CompletedProcess(["workbench", *args], exit_.value.code, out.getvalue(), err.getvalue())
+
+
+def one_line_error(result: subprocess.CompletedProcess, *names: str) -> str:
+    """The one ``workbench: error:`` line of a command that exited 2 without a traceback; it names ``names``."""
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("workbench: error:")]
+    assert len(errors) == 1, result.stderr
+    for name in names:
+        assert name in errors[0], errors[0]
+    return errors[0]

@@ -21,7 +21,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import cli, one_line_error
 
 pytest.importorskip("wfdb")
 
@@ -39,17 +39,6 @@ COMPARE = ["compare", "--domain", "features", "--methods", "full", "--folds", "2
 
 def run_cli(*args) -> subprocess.CompletedProcess:
     return cli(*[str(a) for a in args])
-
-
-def one_line_error(result: subprocess.CompletedProcess, *names: str) -> str:
-    """The one ``workbench: error:`` line of a command that exited 2 without a traceback; it names ``names``."""
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("workbench: error:")]
-    assert len(errors) == 1, result.stderr
-    for name in names:
-        assert name in errors[0], errors[0]
-    return errors[0]
 
 
 def files_of(folder: Path) -> dict[str, bytes]:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from workbench.seal import sha256_file
+
 #: A file modified less than this long ago may change again within its file system's time resolution: its digest
 #: is not kept [s].
 RACY_SECONDS = 2.0
@@ -57,11 +59,7 @@ def _file_digest(path: Path) -> str:
     key = (str(path.resolve()), stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
     if key in _digests:
         return _digests[key]
-    content = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            content.update(block)
-    digest = content.hexdigest()
+    digest = sha256_file(path)
     if time.time() - stat.st_mtime > RACY_SECONDS:
         _digests[key] = digest
     return digest
