@@ -292,7 +292,12 @@ class ContractionLowRank(nn.Module):
 #: `apply`'s options beside rank, alpha and ``train_lower_order`` (in the adapter file's metadata).
 REFINEMENT_KEYS = ("init", "scaling", "reparam", "dora", "objective", "flat_sigma")
 #: The LoRA package's options the `ELoRA` method shares, by name.
-_LORA_OPTIONS = {option.name: option for option in (*REFINEMENT_OPTIONS, *LoRA.options)}
+_LORA_OPTIONS = {option.name: option for option in (*LoRA.options, *REFINEMENT_OPTIONS)}
+#: Why ELoRA does not take GOAT's init and scale (`GOAT_REFUSAL` at length).
+GOAT_ON_ELORA = (
+    "GOAT's experts are routed by the input features, which on an equivariant model carry l >= 1 irreps: the routed "
+    "update breaks equivariance (GOAT is method lora's, on non-equivariant models)"
+)
 
 #: The parametrizations ELoRA registers (what `merge` removes; `apply` refuses a model already carrying one).
 ADAPTERS = (PathLowRank, DenseLowRank, ElementLowRank, ContractionLowRank)
@@ -353,6 +358,19 @@ def _targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str]]:
                 yield module, "weights_max", "element"
 
 
+def check_arguments(
+    rank: int, init: str, scaling: str, reparam: str, dora: bool, objective: str, flat_sigma: float
+) -> None:
+    """A `UserError` for `apply` arguments that no model can take (before any model is seen)."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise UserError(f"ELoRA rank must be a positive integer, got {rank}")
+    check_refinements(init, scaling, reparam, dora)
+    if objective not in OBJECTIVES:
+        raise UserError(f"ELoRA objective must be one of {OBJECTIVES}, got {objective!r}")
+    if isinstance(flat_sigma, bool) or not isinstance(flat_sigma, (int, float)) or not flat_sigma >= 0:
+        raise UserError(f"ELoRA flat_sigma must be a number >= 0, got {flat_sigma!r}")
+
+
 def apply(
     model: nn.Module,
     rank: int = 16,
@@ -384,13 +402,7 @@ def apply(
     See `workbench.adaptation.elora_refinements` for the refinements; GOAT (token-routed experts) is refused.
     cuEquivariance's symmetric contraction takes ``scaling`` only.
     """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise UserError(f"ELoRA rank must be a positive integer, got {rank}")
-    check_refinements(init, scaling, reparam, dora)
-    if objective not in OBJECTIVES:
-        raise UserError(f"ELoRA objective must be one of {OBJECTIVES}, got {objective!r}")
-    if isinstance(flat_sigma, bool) or not isinstance(flat_sigma, (int, float)) or not flat_sigma >= 0:
-        raise UserError(f"ELoRA flat_sigma must be a number >= 0, got {flat_sigma!r}")
+    check_arguments(rank, init, scaling, reparam, dora, objective, flat_sigma)
     if _adapted(model):
         raise UserError("this model already carries ELoRA adapters; merge them first (elora.merge)")
     targets = list(_targets(model))
@@ -593,21 +605,25 @@ class ELoRA(Method):
             _LORA_OPTIONS["init"],
             help="adapter init: 'kaiming' (ELoRA's own: A ~ N(0, 1), B = 0, the authors'), 'pissa' (top-r singular "
             "triplets of each path block, which keeps the residual) or 'lora-one' (top-r singular triplets of each "
-            "block's full-batch gradient of the energy+forces loss over the training frames); 'goat' is refused "
-            "(its routed experts break equivariance)",
+            "block's full-batch gradient of the energy+forces loss over the training frames)",
+            refused={"goat": GOAT_ON_ELORA},
         ),
-        dataclasses.replace(
-            _LORA_OPTIONS["lora_scaling"],
-            help="update scale: 'standard' (alpha / rank) or 'rslora' (alpha / sqrt(rank)); 'goat' is refused",
-        ),
+        dataclasses.replace(_LORA_OPTIONS["lora_scaling"], refused={"goat": GOAT_ON_ELORA}),
         *(_LORA_OPTIONS[name] for name in ("dora", "gamma", "reparam", "objective", "flat_sigma")),
     )
 
-    def check(self, task, data, model: nn.Module) -> None:
-        """The refinements asked for are ones ELoRA has (GOAT is refused), before the run directory appears."""
-        super().check(task, data, model)
-        config = self.config
-        check_refinements(config["init"], config["lora_scaling"], config["reparam"], config["dora"])
+    def __init__(self, **options: Any):
+        """The options, checked before any model is seen (`check_arguments`; LoRA-One's ``gamma``)."""
+        super().__init__(**options)
+        c = self.config
+        try:
+            check_arguments(c["rank"], c["init"], c["lora_scaling"], c["reparam"], c["dora"], c["objective"],
+                            c["flat_sigma"])  # fmt: skip
+        except UserError as error:
+            raise UserError(f"method 'elora': {error}") from None
+        if c["gamma"] <= 0:
+            raise UserError(f"method 'elora': --gamma must be positive (LoRA-One divides by sqrt(gamma)), got "
+                            f"{c['gamma']}")  # fmt: skip
 
     def prepare(self, model: nn.Module) -> nn.Module:
         config = self.config

@@ -345,17 +345,21 @@ class HTuning(Method):
             )
         if self.config["bp_batch"] < 1 or self.config["eps"] <= 0:
             raise UserError("method 'htuning': --bp-batch must be a positive integer and --eps positive")
+        self._config(train=())
+
+    def _config(self, train: tuple[str, ...]) -> lora.LoraConfig:
+        """What `prepare` applies (`workbench.adaptation.lora.method.checked_config`: refused before any model)."""
+        arguments = {"rank": self.config["rank"], "alpha": self.config["alpha"], "compute": "weight", "train": train}
+        return lora_method.checked_config(self.name, self.config, **arguments)
+
+    def check(self, task, data, model: nn.Module) -> None:
+        """What the model must declare (`Method.check`); the adapters fit its targets."""
+        super().check(task, data, model)
+        lora.check_config(model, self._config(train=()))
 
     def prepare(self, model: nn.Module) -> nn.Module:
         head = require(model, self.name, *self.needs_model).head
-        return lora.apply(
-            model,
-            rank=self.config["rank"],
-            alpha=self.config["alpha"],
-            train=("*.bias", f"{head}.*"),
-            compute="weight",
-            **lora_method.refinements(self.config),
-        )
+        return lora.apply_config(model, self._config(train=("*.bias", f"{head}.*")))
 
     def setup(self, task, model: nn.Module, data, seed: int) -> None:
         """Keeps ``seed`` for the seeded ``z``; with ``--init lora-one`` sets the adapters from the task's full-batch

@@ -190,17 +190,28 @@ class LIFT(Method):
         interval = self.config["update_interval"]
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise UserError(f"method 'lift': option --update-interval must be a positive integer, got {interval!r}")
+        for name in ("rank", "budget_rank"):
+            if self.config[name] < 1:
+                raise UserError(f"method 'lift': option --{name.replace('_', '-')} must be a positive integer, got "
+                                f"{self.config[name]}")  # fmt: skip
         self._first_step, self._rechosen = True, False
 
     def _targets(self) -> list[str] | None:
         return [entry.strip() for entry in self.config["targets"].split(",") if entry.strip()] or None
 
     def check(self, task, data, model: nn.Module) -> None:
-        """The model declares target groups (and a head with ``--head train``); the targets exist."""
+        """The model declares target groups (and a head with ``--head train``, none of the targets in it); the targets
+        exist."""
         super().check(task, data, model)
+        targets = target_names(model, self._targets())
         if self.config["head"] == "train":
-            require(model, self.name, "head")
-        target_names(model, self._targets())
+            head = require(model, self.name, "head").head
+            inside = [name for name in targets if name == head or name.startswith(head + ".")]
+            if inside:
+                raise UserError(
+                    f"method 'lift': target '{inside[0]}' is in the head '{head}', which --head train trains in full; "
+                    "use --head frozen or leave it out of --targets"
+                )
 
     def prepare(self, model: nn.Module) -> nn.Module:
         apply(model, self._targets(), self.config["rank"], self.config["budget_rank"])

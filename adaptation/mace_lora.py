@@ -27,6 +27,13 @@ class MaceLoRA(Method):
         Option("alpha", float, 1.0, "LoRA alpha of mace-torch's adapters"),
     )
 
+    def __init__(self, **options):
+        """The options, checked before any model is seen."""
+        super().__init__(**options)
+        if self.config["rank"] < 1 or not self.config["alpha"] > 0:
+            raise UserError(f"method 'mace-lora': --rank must be a positive integer and --alpha positive, got "
+                            f"{self.config['rank']} and {self.config['alpha']}")  # fmt: skip
+
     def check(self, task, data, model: nn.Module) -> None:
         super().check(task, data, model)
         if any(type(module).__module__.startswith("cuequivariance_torch") for module in model.modules()):

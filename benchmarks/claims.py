@@ -8,8 +8,9 @@ each claim's verdict (holds / does not hold / no verdict, Holm over the benchmar
 ``<!-- rendered: <name> -->`` and ``<!-- end rendered -->``; ``python benchmarks/claims.py`` rewrites those blocks
 from the results files and ``--check`` fails when README.md and the results disagree (``tests/test_readme_claims.py``).
 
-Seeds: reported numbers use seeds from `workbench.comparison.FIRST_REPORTED_SEED` (100) on; ``--dev`` runs seeds
-0-1 into ``benchmarks/runs/dev/`` and writes no results file.
+Seeds: new reported numbers use seeds from `workbench.comparison.FIRST_REPORTED_SEED` (200) on; the results kept
+here were measured on seeds 100-199, spent since. ``--dev`` runs seeds 0-1 into ``benchmarks/runs/dev/`` and writes
+no results file.
 """
 
 from __future__ import annotations

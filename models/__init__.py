@@ -6,11 +6,15 @@ first imports it (the adaptation and domain packages import this package first, 
 
 - e3nn 0.4.4 (pinned by mace-torch) loads its Clebsch-Gordan constants with ``torch.load``, which under
   torch >= 2.6 refuses the ``slice`` objects they contain; allowing exactly that one type fixes it (never
-  ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``). It is done here, before e3nn can be imported.
+  ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``). It is done when e3nn is imported, before its code runs
+  (`_e3nn_with_slices_allowed`), so that importing this package imports no torch: a command that refuses a
+  mistyped name does so before torch is imported.
 - mace-torch sets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` when imported, which silently turns every later
   ``torch.load`` without an explicit ``weights_only`` into a full unpickle. When its package ``mace`` has been
   imported the setting is taken back (`_after_import`), so the process keeps torch's safe default
   (`workbench.models.mace.calculator` does the same after ``mace.calculators``, which sets it again).
+- mace-torch's ``mace.tools.cg`` prints on stdout, at every import, that cuEquivariance is not installed (an
+  optional GPU backend), so that ``--quiet`` is not quiet; `_mace_cg_without_its_notice` drops that one line.
 - torchaudio: braindecode requires it (and transformers, so PEFT, imports it whenever it is installed), but the
   PyPI wheel's compiled extension (``torchaudio/lib/_torchaudio.so``) links CUDA torch (``libc10_cuda.so``) and
   fails to load against the CPU torch build, which breaks ``import torchaudio`` and everything that imports it.
@@ -21,9 +25,11 @@ first imports it (the adaptation and domain packages import this package first, 
   hidden from torchaudio's loader; nothing is changed on disk and a working extension is always used.
 """
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
+import io
 import logging
 import os
 import sys
@@ -31,11 +37,8 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 # braindecode builds a montage under a name MNE 1.13 deprecates, on every import: noise for the user.
 warnings.filterwarnings("ignore", message="Montage name 'standard_1020' is deprecated", category=FutureWarning)
-torch.serialization.add_safe_globals([slice])
 
 #: The model families (one module each), imported on first use as attributes (``workbench.models.mace``).
 FAMILIES = ("ecg", "eeg", "graph", "mace", "medvl", "mlp", "physio", "vq")
@@ -77,6 +80,32 @@ def _mace_without_its_setting(module, execute: Callable[[], None]) -> None:
     os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
 
 
+def _e3nn_with_slices_allowed(module, execute: Callable[[], None]) -> None:
+    """Allow ``slice`` in ``torch.load``'s weights-only unpickler, then execute e3nn (which loads its constants)."""
+    import torch
+
+    torch.serialization.add_safe_globals([slice])
+    execute()
+
+
+def _mace_cg_without_its_notice(module, execute: Callable[[], None]) -> None:
+    """Execute ``mace.tools.cg``, which prints on stdout, at every import, that cuEquivariance is not installed (an
+    optional GPU backend: ``--backend cueq`` says what to install when asked for). That one line is dropped; anything
+    else the module prints is passed on, and an error raised while importing it propagates as it is."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            execute()
+    finally:
+        kept = [line for line in printed.getvalue().splitlines() if not line.startswith(_MACE_CUEQ_NOTICE)]
+        if kept:
+            print("\n".join(kept))
+
+
+#: How mace-torch 0.3's notice begins (`mace/tools/cg.py`).
+_MACE_CUEQ_NOTICE = "cuequivariance or cuequivariance_torch is not available"
+
+
 def _torchaudio_without_its_extension(module, execute: Callable[[], None]) -> None:
     """Execute torchaudio's package; if its extension cannot load, once more with its ``lib/`` folder hidden."""
     try:
@@ -94,7 +123,14 @@ def _torchaudio_without_its_extension(module, execute: Callable[[], None]) -> No
         logging.getLogger(__name__).debug("torchaudio runs without its compiled extension (%s)", error)
 
 
-for _name, _run in (("mace", _mace_without_its_setting), ("torchaudio", _torchaudio_without_its_extension)):
+for _name, _run in (
+    ("e3nn", _e3nn_with_slices_allowed),
+    ("mace", _mace_without_its_setting),
+    ("mace.tools.cg", _mace_cg_without_its_notice),
+    ("torchaudio", _torchaudio_without_its_extension),
+):
     if _name not in sys.modules and not any(getattr(f, "name", None) == _name for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport(_name, _run))
 os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # mace imported before this package
+if "e3nn" in sys.modules:  # imported before this package: its later loads need slices too
+    _e3nn_with_slices_allowed(sys.modules["e3nn"], lambda: None)

@@ -36,3 +36,8 @@ def test_a_third_party_model_method_and_domain_run_end_to_end(tmp_path):
     # y = 2 w·x + 1 from a model of w·x: the recalibration (scale 2, offset 1) can fit it exactly
     assert metrics["before"]["mse"] > 1.0 and metrics["after"]["mse"] < 0.05 * metrics["before"]["mse"]
     assert (tmp_path / "run" / "report.md").is_file() and (tmp_path / "run" / "adapter.safetensors").is_file()
+    # its rescore gives every row an interval around its estimate, and the paired after − before excludes 0
+    low, high = metrics["intervals"]["after"]["mse"]
+    assert low <= metrics["after"]["mse"] <= high
+    assert metrics["differences"]["after − before"]["mse"]["high"] < 0
+    assert metrics["test_units"]["items"] == 64

@@ -127,7 +127,7 @@ def test_report_counts_epochs_from_1_and_its_columns_carry_units(caplog):
     text = report.markdown(config, types.SimpleNamespace(source="x"), metrics, [], ("mean",))
     header = next(line for line in text.splitlines() if line.startswith("| model"))
     assert header.endswith("| trainable params | s/epoch | step MiB | epochs run (best, from 1) |")
-    row = next(line for line in text.splitlines() if line.startswith("| m (chosen)"))
+    row = next(line for line in text.splitlines() if line.startswith("| m (this run's method)"))
     assert row.endswith("| 10 | 0.10 | 1.0 | 5 (3) |")
     console_header = report.table(metrics, ("mean",)).splitlines()[2]
     assert re.split(r"\s{2,}", console_header)[-4:] == ["trainable params", "s/epoch", "step MiB", "epochs run"]

@@ -90,7 +90,8 @@ def test_compare_runs_every_cell_on_the_same_splits_and_continues_where_it_stopp
     assert [c["metrics"] for c in again["cells"]] == [c["metrics"] for c in cells]
 
     with pytest.raises(UserError, match="batch-size 64 is larger than --train-size 60"):
-        compare(CompareSpec("features", ("full",), folds=2, **{**TINY, "batch_size": 64}), tmp_path / "bad")
+        compare(CompareSpec("features", ("full",), folds=2, seeds=(0,), **{**TINY, "batch_size": 64}),
+                tmp_path / "bad")
     assert not (tmp_path / "bad").exists()  # refused before anything is written
     with pytest.raises(UserError, match="other settings"):
         compare(CompareSpec("features", ("full", "warmpot"), folds=3, seeds=(0,), **TINY), tmp_path / "c")

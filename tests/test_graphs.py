@@ -267,7 +267,8 @@ def test_task_takes_one_pair_per_step():
 def test_cli_adapt_csbm_writes_the_comparison(tmp_path):
     out = tmp_path / "run"
     result = workbench("adapt", "--domain", "csbm", "--epochs", "4", "--nodes", "150", "--out", str(out))
-    assert "homophily (chosen)" in result.stdout and "udagcn" in result.stdout
+    assert "homophily (task's default method)" in result.stdout and "udagcn" in result.stdout
+    assert "csbm: test split (" in result.stdout and " target nodes; trained on 1)" in result.stdout
     assert "edge homophily source 0.800 → target 0.500" in result.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["baselines"]) == {"mixed-filters", "full@gcn", "full@graph-mlp", "udagcn@gcn"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.errors import UserError
-from workbench.registry import Registry, install_command
+from workbench.registry import Registry, extra_of, install_command, missing_distribution
 from workbench.task import Task
 
 
@@ -27,3 +27,11 @@ def test_a_plugin_that_cannot_be_loaded_names_the_extra_that_installs_its_librar
     with pytest.raises(UserError, match=r'install it: pip install "sciadapt-workbench\[eeg\]"'):
         registry.get("eeg-thing")
     assert install_command("medvl") == 'pip install "sciadapt-workbench[medvl]"'
+
+
+def test_a_missing_import_name_is_said_by_its_pip_name_with_the_extra_of_the_plugin_that_needs_it():
+    error = "ModuleNotFoundError: No module named 'sklearn'"
+    assert missing_distribution(error) == "scikit-learn"  # what pip installs, not the import name
+    assert missing_distribution("ValueError: bad value") is None
+    assert extra_of(error, "workbench.domains.eeg.task") == "eeg"  # several extras install it: the plug-in's own
+    assert extra_of(error, "workbench.adaptation.dre_baselines") == "shift"  # none named: the first that does

@@ -5,6 +5,7 @@
 >>> run.metrics["after"], run.path                                  # doctest: +SKIP
 """
 
+import importlib
 import warnings
 
 # Some model libraries trip a TorchScript annotation warning on every import: pure noise.
@@ -16,7 +17,14 @@ import workbench.models  # noqa: E402, F401
 
 __version__ = "0.1.0"
 
-from workbench.comparison import CompareSpec, compare  # noqa: E402
-from workbench.run import Run, adapt, evaluate, predict  # noqa: E402
+#: The public API, imported on first use (``workbench.adapt``): the command line refuses a mistyped name before
+#: torch and matplotlib are imported.
+_PUBLIC = {"CompareSpec": "workbench.comparison", "compare": "workbench.comparison", "Run": "workbench.run",
+           "adapt": "workbench.run", "evaluate": "workbench.run", "predict": "workbench.run"}  # fmt: skip
+__all__ = [*sorted(_PUBLIC), "__version__"]
 
-__all__ = ["CompareSpec", "Run", "adapt", "compare", "evaluate", "predict", "__version__"]
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

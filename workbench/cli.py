@@ -18,8 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
-from workbench.config import RunRequest
-from workbench.options import resolve_options
+# Engine modules (torch among their imports) are imported where used: a mistyped task or method is refused before.
 
 EXAMPLES = """examples (every task: workbench list):
   workbench adapt --domain TASK                           # the task's method + baselines on its embedded data
@@ -27,7 +26,7 @@ EXAMPLES = """examples (every task: workbench list):
   workbench adapt --domain TASK --baselines full,METHOD@OTHER_MODEL
   workbench adapt --domain TASK --out runs/x --resume     # continue an interrupted run
   torchrun --nproc_per_node 2 -m workbench adapt --domain TASK --out runs/ddp
-  workbench compare --domain TASK --methods A,B,C --folds 5 --seeds 100-101   # grouped folds, paired intervals
+  workbench compare --domain TASK --methods A,B,C --folds 3 --seeds 200-202   # grouped folds, paired intervals
   workbench evaluate --run runs/x --data PATH
   workbench data info TASK · workbench data check TASK --data PATH · workbench data generate TASK --out DIR
   workbench predict --run runs/x --input FOLDER --output predictions.csv
@@ -58,7 +57,30 @@ def _metavar(option: Any) -> str | None:
     """What ``--help`` shows after an option's flag: its choices (argparse's ``{a,b}``) or its type."""
     if option.choices is not None:
         return None
-    return {int: "INT", float: "FLOAT", str: "TEXT"}.get(option.type, "VALUE")
+    return {int: "INT", float: "FLOAT"}.get(option.type, "TEXT")
+
+
+#: Every word ``--help`` shows after a flag (`_metavar`, `_RUN_METAVARS`, each command's own), one small vocabulary:
+#: numbers by their type, names by what they name, files by their kind (``tests/test_newcomer_items.py`` holds every
+#: option of every command to it).
+METAVARS = frozenset({
+    "INT", "FLOAT", "TEXT", "SEED", "SEEDS", "RATES",  # numbers (SEEDS: 200,201 or 200-204), free text
+    "TASK", "METHOD", "METHODS", "MODEL", "ENTRY", "METRIC", "STAGE", "ID", "A,B[,C]", "METHOD.OPTION=VALUE",  # names
+    "PATH", "DIR", "FILE", "RUN", "ADDRESS",  # files and places
+    "COMMAND", "ACTION",  # sub-commands
+})  # fmt: skip
+
+#: ``adapt``'s run flags that are not a plain number (a choice shows its choices instead).
+_RUN_METAVARS = {"domain": "TASK", "method": "METHOD", "baselines": "METHODS", "data": "PATH", "model": "MODEL",
+                 "out": "DIR", "select_on": "METRIC", "seed": "SEED"}  # fmt: skip
+
+
+def _domain_help() -> str:
+    """What ``--domain`` takes, its choices read from the entry points (no plug-in imported)."""
+    from workbench.registry import tasks
+
+    names = ", ".join(tasks.declared())
+    return f"the domain to adapt to (its data set and problem): {names}; `workbench list` describes each"
 
 
 def _with_default(text: str, default: Any) -> str:
@@ -78,6 +100,7 @@ def _add_plugin_options(
     text and default (``defaults``: kind -> the values a run would take, `_adapt_defaults`). A name a second plug-in
     also declares keeps the first one's flag; which plug-in takes it is decided when parsing (`_given_options`)."""
     from workbench import registry
+    from workbench.options import conditions, offered
 
     added: dict[str, str] = {}
     for kind in kinds:
@@ -89,18 +112,23 @@ def _add_plugin_options(
             if not declared:
                 continue
             group = parser.add_argument_group(f"options of {label} {name}")
+            values = {o.name: (defaults or {}).get(kind, {}).get(o.name, o.default) for o in declared}
             for option in declared:
                 if option.name in added:
                     continue  # e.g. a task and its method declaring one name: said once, set in Python
                 added[option.name] = f"{label} {name}"
-                default = (defaults or {}).get(kind, {}).get(option.name, option.default)
-                text = _with_default(option.help, default)
+                text = _with_default(option.help, values[option.name])
+                if conditions(declared, option, values):
+                    text += f" ({'; '.join(conditions(declared, option, values))})"
                 if option.type is bool:  # a switch: present means True
                     group.add_argument(option.flag, dest=f"opt_{option.name}", action="store_const", const=True,
                                        help=text)  # fmt: skip
-                else:
-                    group.add_argument(option.flag, dest=f"opt_{option.name}", type=option.type,
-                                       choices=option.choices, metavar=_metavar(option), help=text)  # fmt: skip
+                else:  # what holds beside the defaults is listed; the rest parses and `resolve_options` says why not
+                    shown = offered(option, values)
+                    choices = None if option.choices is None else [*option.choices, *option.refused]
+                    metavar = "{" + ",".join(map(str, shown)) + "}" if choices and shown != choices else None
+                    group.add_argument(option.flag, dest=f"opt_{option.name}", type=option.type, choices=choices,
+                                       metavar=metavar or _metavar(option), help=text)  # fmt: skip
 
 
 def _given_options(args: argparse.Namespace, owners: dict[str, tuple[str, Sequence[Any]]]) -> dict[str, dict]:
@@ -134,14 +162,59 @@ def _chosen_plugins(argv: Sequence[str]) -> dict[str, list[str]]:
         domain = _flag_value(argv, "--domain")
         if domain is None:
             return {}
-        method = _flag_value(argv, "--method") or tasks.get(domain).default_method
+        task_cls = _named(tasks, domain, "--domain")
+        method = _flag_value(argv, "--method") or task_cls.default_method
+        _check_method_name(task_cls, method)
         return {"task": [domain], "method": [method]}
     if argv[:1] == ["compare"]:
         domain = _flag_value(argv, "--domain") or _rerun_domain(argv)
         return {"task": [domain]} if domain else {}
     if argv[:1] == ["data"] and len(argv) >= 3 and not argv[2].startswith("-"):
+        _named(tasks, argv[2], f"workbench data {argv[1]} TASK")
         return {"task": [argv[2]], "generate": [argv[2]] if argv[1] == "generate" else []}
     return {}
+
+
+def _named(registry: Any, name: str, where: str) -> Any:
+    """The plug-in class ``name`` of ``registry``; a name no plug-in declares is refused (with the closest name)
+    before any plug-in module is imported, naming ``where`` it was given."""
+    from workbench.errors import UserError
+
+    if name not in registry.declared():
+        raise UserError(f"{where}: {registry.unknown(name)}")
+    return registry.get(name)
+
+
+def _check_method_name(task_cls: Any, method: str) -> None:
+    """Refuse a ``--method`` no plug-in declares, offering the closest of the methods that fit the task
+    (`_methods_fitting`); a declared method that does not fit is refused by its own ``check`` with the reason."""
+    from workbench.errors import UserError
+    from workbench.registry import methods
+
+    if method in methods.declared():
+        return
+    fitting = _methods_fitting(task_cls)
+    said = methods.unknown(method, fitting).replace(
+        "; known:", f"; methods of task {task_cls.name} (what each needs of the model is checked when a run starts):"
+    )
+    raise UserError(f"--method: {said}")
+
+
+def _methods_fitting(task_cls: Any) -> list[str]:
+    """The registered methods whose declarations the task meets (`workbench.method.Method.check` without the
+    data and model): the model family of the task's default model, the capabilities and protocols the method
+    needs of the task. What a method needs of the model itself (``needs_model``) is checked when the run starts."""
+    from workbench.registry import methods
+
+    task = task_cls()
+    fitting = []
+    for name, cls in methods.items():
+        if cls.model_families and task_cls.default_model not in cls.model_families:
+            continue
+        if all(need in task_cls.capabilities if isinstance(need, str) else isinstance(task, need)
+               for need in cls.needs_task):  # fmt: skip
+            fitting.append(name)
+    return fitting
 
 
 def _rerun_domain(argv: Sequence[str]) -> str | None:
@@ -206,8 +279,9 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
 
     evaluate = commands.add_parser("evaluate", help="re-score a finished run on other data")
     evaluate.add_argument("run_folder", nargs="?", metavar="RUN", help="run directory (or --run RUN)")
-    evaluate.add_argument("--run", help="run directory")
-    evaluate.add_argument("--data", help="data to score on (default: the run's own); its test split is used")
+    evaluate.add_argument("--run", metavar="RUN", help="run directory")
+    evaluate.add_argument("--data", metavar="PATH", help="data to score on (default: the run's own); its test split "
+                          "is used")  # fmt: skip
     evaluate.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     _add_trust_modified(evaluate)
     _add_threads(evaluate)
@@ -215,10 +289,11 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     _add_data_commands(commands, chosen)
 
     predict = commands.add_parser("predict", help="score every record of a folder with a finished run's model")
-    predict.add_argument("--run", required=True, help="run directory (from workbench adapt)")
-    predict.add_argument("--input", required=True, help="folder of inputs (records, files: what the run's task reads)")
-    predict.add_argument("--output", required=True, help="CSV to write (a .json with hashes is written beside it); "
-                         "never inside a run folder")  # fmt: skip
+    predict.add_argument("--run", required=True, metavar="RUN", help="run directory (from workbench adapt)")
+    predict.add_argument("--input", required=True, metavar="DIR",
+                         help="folder of inputs (records, files: what the run's task reads)")  # fmt: skip
+    predict.add_argument("--output", required=True, metavar="FILE", help="CSV to write (a .json with hashes is "
+                         "written beside it); never inside a run folder")  # fmt: skip
     predict.add_argument("--overwrite", action="store_true", help="replace an earlier CSV and record at --output")
     _add_trust_modified(predict)
     _add_threads(predict)
@@ -227,13 +302,15 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     verify.add_argument("folder", metavar="DIR", help="a run (workbench adapt --out) or comparison folder")
 
     pretrain = commands.add_parser("pretrain", help="train the task's shipped foundation model from scratch")
-    pretrain.add_argument("--domain", required=True)
-    pretrain.add_argument("--out", required=True, help="checkpoint path (.safetensors)")
-    pretrain.add_argument("--epochs", type=int, default=100)
-    pretrain.add_argument("--seed", type=int, default=0)
+    pretrain.add_argument("--domain", required=True, metavar="TASK", help=_domain_help().replace(" to adapt to", ""))
+    pretrain.add_argument("--out", required=True, metavar="FILE", help="checkpoint path (.safetensors)")
+    pretrain.add_argument("--epochs", type=int, default=100, metavar="INT", help="training epochs (default: 100)")
+    pretrain.add_argument("--seed", type=int, default=0, metavar="SEED", help="seeds initialisation and shuffling "
+                          "(default: 0)")  # fmt: skip
     pretrain.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    pretrain.add_argument("--quiet", action="store_true")
-    pretrain.add_argument("--stage", help="what to make, for tasks that pretrain in stages (default: the model)")
+    pretrain.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
+    pretrain.add_argument("--stage", metavar="STAGE",
+                          help="what to make, for tasks that pretrain in stages (default: the model)")  # fmt: skip
     _add_threads(pretrain)
     return parser
 
@@ -249,6 +326,8 @@ def _add_adapt_command(commands: Any, chosen: dict[str, list[str]] | None, examp
         epilog=examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from workbench.config import RunRequest
+
     run_flags = adapt.add_argument_group("run options" + (f" (defaults: task {task}'s)" if task else ""))
     for parameter in RunRequest.parameters():
         meta = parameter.metadata
@@ -256,47 +335,74 @@ def _add_adapt_command(commands: Any, chosen: dict[str, list[str]] | None, examp
         if parameter.type in ("bool", bool):
             run_flags.add_argument(flag, dest=parameter.name, action="store_true", help=meta["help"])
             continue
-        text = meta["help"]
+        text = _domain_help() if parameter.name == "domain" else meta["help"]
         if parameter.name in defaults:
             text = _with_default(_without_default(text), defaults[parameter.name])
         elif parameter.default is not dataclasses.MISSING:
             text = _with_default(text, "the task's" if parameter.default is None else parameter.default)
-        run_flags.add_argument(flag, dest=parameter.name, help=text, **meta["argparse"])
+        metavar = None if "choices" in meta["argparse"] else _RUN_METAVARS.get(parameter.name)
+        metavar = metavar or {int: "INT", float: "FLOAT"}.get(meta["argparse"].get("type"), metavar)
+        run_flags.add_argument(flag, dest=parameter.name, help=text, metavar=metavar, **meta["argparse"])
     run_flags.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
-    run_flags.add_argument("--quiet", action="store_true", help="no progress bars or table")
+    run_flags.add_argument("--quiet", action="store_true", help="print only the result table and the run folder: no "
+                           "progress bars, no log lines (warnings still go to stderr)")  # fmt: skip
     _add_plugin_options(adapt, chosen, "task", "method", defaults=defaults.get("options"))
 
 
+#: ``compare --help``'s examples (placeholders: TASK, methods A, B, C; each parses, tests/test_compare_defaults.py).
+COMPARE_EXAMPLES = """examples:
+  workbench compare --domain TASK --methods A,B                # default design: 3 folds × seeds 200-202
+  workbench compare --domain TASK --methods A,B --learner B    # A does not move from the base model: B shows training
+  workbench compare --domain TASK --methods A,B,C --folds 5 --seeds 200-204 --workers 2
+  workbench compare --domain TASK --methods A,B --budget convergence --lr-grid 3e-4,1e-3,3e-3
+  workbench compare --domain TASK --methods A,B --plan --sd 0.02 --effect 0.03   # the seeds a difference needs
+"""
+
+
 def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> None:
-    """``workbench compare``: its flags (`workbench.comparison.CompareSpec`) and the chosen task's options."""
-    from workbench.comparison import BUDGETS, EXECUTORS, FIRST_REPORTED_SEED
+    """``workbench compare``: its flags (`workbench.comparison.CompareSpec`, whose defaults they show and take) and
+    the chosen task's options."""
+    from workbench.comparison import BUDGETS, DEVELOPMENT_SEEDS_BELOW, EXECUTORS, FIRST_REPORTED_SEED, CompareSpec
+    from workbench.statistics import MIN_UNITS
     from workbench.trainer import SCHEDULES
 
+    spec = {f.name: f.default for f in dataclasses.fields(CompareSpec) if f.default is not dataclasses.MISSING}
+    seeds = _seeds_text(spec["seeds"])
+    description = (
+        "Every method on the same grouped folds (each group tested once per seed) and seeds, at one budget; "
+        "report.md gives mean ± sd and the paired difference to the reference over seeds (the folds of a seed "
+        f"averaged): a 95 % t interval, a Holm-adjusted p and the minimum detectable difference; no verdict below "
+        f"{MIN_UNITS} seeds. The default design, {spec['folds']} folds × seeds {seeds}, can reach one; it is printed "
+        f"before any cell runs. --plan sizes a comparison before running it. Seeds below {DEVELOPMENT_SEEDS_BELOW} are "
+        f"for development, {DEVELOPMENT_SEEDS_BELOW}–{FIRST_REPORTED_SEED - 1} were spent on earlier reports: report "
+        f"seeds from {FIRST_REPORTED_SEED} on. Re-running the same command continues an "
+        "interrupted comparison."
+    )
     compare = commands.add_parser(
         "compare",
         help="compare methods on grouped folds and seeds, with paired intervals",
         usage="workbench compare --domain TASK --methods A,B[,C] [options]\n"
         "       workbench compare --rerun-cell ID DIR",
-        description=(
-            "Every method on the same grouped folds (each group tested once per seed) and seeds, at one budget; "
-            "report.md gives mean ± sd and the paired difference to the reference over seeds (the folds of a seed "
-            "averaged): a 95 % t interval, a Holm-adjusted p and the minimum detectable difference; no verdict below 3 "
-            f"seeds. --plan sizes a comparison before running it. Seeds below {FIRST_REPORTED_SEED} are for "
-            f"development; report seeds from {FIRST_REPORTED_SEED} on. Re-running the same command continues an "
-            "interrupted comparison."
-        ),
+        description=textwrap.fill(description, _width()),
+        epilog=COMPARE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     flags = compare.add_argument_group("comparison options")
-    flags.add_argument("--domain", help="task name (see `workbench list`)")
-    flags.add_argument("--methods", help="comma-separated METHOD[@MODEL][:VARIANT] (a VARIANT's options: --set)")
-    flags.add_argument("--reference", help="the method the others are paired against (default: the first)")
-    flags.add_argument("--learner", help="the entry whose after − before shows that the cells train (default: the "
-                       "reference; name another when the reference is a source-only baseline)")  # fmt: skip
-    flags.add_argument("--folds", type=int, default=5, help="grouped folds per seed (default: 5)")
-    flags.add_argument("--seeds", default=str(FIRST_REPORTED_SEED),
-                       help=f"seeds: 100,101 or 100-104 (default: {FIRST_REPORTED_SEED})")  # fmt: skip
-    flags.add_argument("--budget", default="steps", choices=BUDGETS,
-                       help="steps: same epochs, no early stopping; convergence: same early-stopping rule")  # fmt: skip
+    flags.add_argument("--domain", metavar="TASK", help=_domain_help().replace(" to adapt to", " to compare on")
+                       + " (required, unless --rerun-cell)")  # fmt: skip
+    flags.add_argument("--methods", metavar="A,B[,C]", help="comma-separated METHOD[@MODEL][:VARIANT] (a VARIANT's "
+                       "options: --set; required, unless --rerun-cell)")  # fmt: skip
+    flags.add_argument("--reference", metavar="ENTRY",
+                       help="the method the others are paired against (default: the first)")  # fmt: skip
+    flags.add_argument("--learner", metavar="ENTRY", help="the entry whose after − before shows that the cells train "
+                       "(default: the reference; name another when the reference is a source-only "
+                       "baseline)")  # fmt: skip
+    flags.add_argument("--folds", type=int, default=spec["folds"], metavar="INT",
+                       help=_with_default("grouped folds per seed", spec["folds"]))  # fmt: skip
+    flags.add_argument("--seeds", default=seeds, metavar="SEEDS", help=_with_default(
+        f"seeds: 200,201 or 200-204; a verdict needs at least {MIN_UNITS}", seeds))  # fmt: skip
+    flags.add_argument("--budget", default=spec["budget"], choices=BUDGETS, help=_with_default(
+        "steps: same epochs, no early stopping; convergence: same early-stopping rule", spec["budget"]))  # fmt: skip
     for name, kind, text in (
         ("epochs", int, "epochs of every method (maximum under convergence; default: the task's)"),
         ("patience", int, "early-stopping patience under --budget convergence (default: the task's)"),
@@ -304,37 +410,53 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
         ("val-size", int, "validation samples (default: the task's)"),
         ("batch-size", int, "samples per step (default: the task's)"),
         ("lr", float, "one learning rate for every method (default: each method's own)"),
-        ("fold-val-share", float, "share of a fold's non-test groups that validates (default: 0.2)"),
     ):
-        flags.add_argument(f"--{name}", type=kind, help=text)
-    flags.add_argument("--lr-grid", help="learning rates each method chooses from per cell on the validation "
-                       "objective (--select-on)")
-    flags.add_argument("--schedule", default="plateau", choices=SCHEDULES,
-                       help="every method's learning-rate schedule (see `workbench adapt --help`)")  # fmt: skip
-    flags.add_argument("--warmup-share", type=float, default=0.0, help="share of steps warming up under linear")
-    flags.add_argument("--select-on", default="loss", help="loss or a task metric: chooses the epoch and stops")
+        flags.add_argument(f"--{name}", type=kind, metavar=kind.__name__.upper(), help=text)
+    flags.add_argument("--fold-val-share", type=float, default=spec["val_share"], metavar="FLOAT", help=_with_default(
+        "share of a fold's non-test groups that validates", spec["val_share"]))  # fmt: skip
+    flags.add_argument("--lr-grid", metavar="RATES", help="learning rates each method chooses from per cell on the "
+                       "validation objective (--select-on) (default: none, --lr or each method's own)")  # fmt: skip
+    flags.add_argument("--schedule", default=spec["schedule"], choices=SCHEDULES, help=_with_default(
+        "every method's learning-rate schedule (see `workbench adapt --help`)", spec["schedule"]))  # fmt: skip
+    flags.add_argument("--warmup-share", type=float, default=spec["warmup_share"], metavar="FLOAT", help=_with_default(
+        "share of steps warming up under linear", spec["warmup_share"]))  # fmt: skip
+    flags.add_argument("--select-on", default=spec["select_on"], metavar="METRIC", help=_with_default(
+        "loss or a task metric: chooses the epoch and stops", spec["select_on"]))  # fmt: skip
     flags.add_argument("--set", action="append", default=[], metavar="METHOD.OPTION=VALUE",
-                       help="an option of one compared entry (repeatable): METHOD:VARIANT.OPTION=VALUE")  # fmt: skip
-    flags.add_argument("--data", help="your data (default: the task's embedded data)")
-    flags.add_argument("--model", help="a registered model or checkpoint (default: the task's model)")
-    flags.add_argument("--out", help="output folder (default: runs/compare-<task>-<time>)")
+                       help="an option of one compared entry (repeatable): METHOD:VARIANT.OPTION=VALUE (default: "
+                       "each method's own options)")  # fmt: skip
+    flags.add_argument("--data", metavar="PATH", help="your data (default: the task's embedded data)")
+    flags.add_argument("--model", metavar="MODEL", help="a registered model or checkpoint (default: the task's model)")
+    flags.add_argument("--out", metavar="DIR", help="output folder (default: runs/compare-<task>-<time>)")
     flags.add_argument("--rerun-cell", nargs=2, metavar=("ID", "DIR"),
                        help="run the recorded cell ID (METHOD/foldK-seedS) of the comparison in DIR again in a "
                        "temporary folder; exit 1 when its metrics or manifest hashes differ")  # fmt: skip
-    flags.add_argument("--workers", type=int, default=1, help="cells at a time (default: 1, in this process)")
-    flags.add_argument("--threads", type=int, default=1,
+    flags.add_argument("--workers", type=int, default=1, metavar="INT",
+                       help="cells at a time (default: 1, in this process)")  # fmt: skip
+    flags.add_argument("--threads", type=int, default=1, metavar="INT",
                        help="CPU threads per cell, fixed so that reruns agree bit for bit (default: 1)")  # fmt: skip
     flags.add_argument("--executor", default="local", choices=EXECUTORS,
-                       help="local processes, or a Dask cluster (pip extra 'cluster')")  # fmt: skip
-    flags.add_argument("--scheduler", help="address of a running Dask scheduler (default: a local Dask cluster)")
-    flags.add_argument("--quiet", action="store_true", help="no progress bar or table")
+                       help="local processes, or a Dask cluster (pip extra 'cluster') (default: local)")  # fmt: skip
+    flags.add_argument("--scheduler", metavar="ADDRESS",
+                       help="address of a running Dask scheduler (default: a local Dask cluster)")  # fmt: skip
+    flags.add_argument("--quiet", action="store_true", help="no design, progress bar or table (warnings stay)")
     power = compare.add_argument_group("planning (no cell is run)")
-    power.add_argument("--plan", action="store_true", help="print the minimum detectable difference of the planned "
-                       "seeds (80 %% power) and, with --effect, the seeds needed; run nothing")  # fmt: skip
-    power.add_argument("--sd", type=float, help="standard deviation of one seed's mean paired difference")
-    power.add_argument("--pilot", help="a finished comparison folder whose seeds give that standard deviation")
-    power.add_argument("--effect", type=float, help="the difference to detect: how many seeds it needs")
+    power.add_argument("--plan", action="store_true", help="print the design, the minimum detectable difference of "
+                       "the planned seeds (80 %% power) and, with --effect, the seeds needed; run nothing")  # fmt: skip
+    power.add_argument("--sd", type=float, metavar="FLOAT", help="standard deviation of one seed's mean paired "
+                       "difference (--plan needs it or --pilot)")  # fmt: skip
+    power.add_argument("--pilot", metavar="DIR",
+                       help="a finished comparison folder whose seeds give that standard deviation")  # fmt: skip
+    power.add_argument("--effect", type=float, metavar="FLOAT", help="the difference to detect: how many seeds it "
+                       "needs (default: none, the MDD only)")  # fmt: skip
     _add_plugin_options(compare, chosen, "task")
+
+
+def _seeds_text(seeds: Sequence[int]) -> str:
+    """``--seeds`` as a command line gives them: FIRST-LAST for consecutive seeds, else comma-separated."""
+    if len(seeds) > 1 and list(seeds) == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds))
 
 
 def _compare_spec(args: argparse.Namespace) -> Any:
@@ -378,7 +500,7 @@ def _compare_spec(args: argparse.Namespace) -> Any:
         folds=args.folds,
         seeds=numbers(args.seeds, int, "--seeds"), budget=args.budget, epochs=args.epochs, patience=args.patience,
         train_size=args.train_size, val_size=args.val_size, batch_size=args.batch_size, learning_rate=args.lr,
-        lr_grid=numbers(args.lr_grid, float, "--lr-grid") if args.lr_grid else (), val_share=args.fold_val_share or 0.2,
+        lr_grid=numbers(args.lr_grid, float, "--lr-grid") if args.lr_grid else (), val_share=args.fold_val_share,
         data=args.data, model=args.model, task_options=options, method_options=method_options,
         schedule=args.schedule, warmup_share=args.warmup_share, select_on=args.select_on,
     )  # fmt: skip
@@ -457,15 +579,16 @@ def _add_data_commands(commands: Any, chosen: dict[str, list[str]] | None) -> No
         ("check", "check a dataset against the task's data card"),
     ):
         sub = data_commands.add_parser(action, help=text)
-        sub.add_argument("task")
-        sub.add_argument("--data", required=action == "check")
+        sub.add_argument("task", metavar="TASK", help=_domain_help().replace(" to adapt to", ""))
+        sub.add_argument("--data", required=action == "check", metavar="PATH",
+                         help="the data to read" + (" (default: the embedded data)" if action == "info" else ""))
         _add_plugin_options(sub, chosen, "task")
     generate = data_commands.add_parser(
         "generate", help="generate data with the task's generator (real simulators, or known ground truth)"
     )
-    generate.add_argument("task")
-    generate.add_argument("--out", required=True, help="output folder")
-    generate.add_argument("--seed", type=int, help="seed of the generator (default: the task's own)")
+    generate.add_argument("task", metavar="TASK", help=_domain_help().replace(" to adapt to", ""))
+    generate.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    generate.add_argument("--seed", type=int, metavar="SEED", help="seed of the generator (default: the task's own)")
     _add_threads(generate)
     _add_plugin_options(generate, chosen, "task", "generate")
 
@@ -486,7 +609,7 @@ def _without_default(text: str) -> str:
 def _adapt_defaults(task: str, method: str) -> dict[str, Any]:
     """What ``workbench adapt --domain task --method method`` would take for every flag left out (`resolve_config`,
     so the help cannot drift from a run): run flag name -> value, and ``options``: kind -> plug-in option values."""
-    from workbench.config import resolve_config
+    from workbench.config import RunRequest, resolve_config
     from workbench.registry import methods, tasks
 
     config, _ = resolve_config(RunRequest(domain=task, method=method, out="-"))
@@ -498,11 +621,22 @@ def _adapt_defaults(task: str, method: str) -> dict[str, Any]:
         "data": f"the embedded data, card {task_cls.card}",
         "model": task_cls.default_model,
         "out": f"runs/{task}-{config.method}-<date>-<time>",
-        **{name: getattr(config, name) for name in ("epochs", "train_size", "val_size", "batch_size", "patience")},
+        **{name: getattr(config, name) for name in ("epochs", "batch_size", "patience")},
+        **{name: _samples(getattr(config, name), split) for name, split in (("train_size", "training"),
+                                                                           ("val_size", "validation"))},  # fmt: skip
         "learning_rate": learning_rate,
         "precision": f"{config.precision}; this task offers {', '.join(task_cls.precisions)}",
         "options": {"task": config.task_options, "method": config.method_options},
     }
+
+
+#: The sample count a task declares to mean "every sample of the split" (more than any data it reads holds).
+EVERY_SAMPLE = 100_000
+
+
+def _samples(count: int, split: str) -> int | str:
+    """A ``--train-size`` / ``--val-size`` default as a run takes it: ``count``, or every sample of the split."""
+    return f"every sample of the {split} split" if count >= EVERY_SAMPLE else count
 
 
 def _adapt_description(task: str | None, defaults: dict[str, Any]) -> str:
@@ -534,7 +668,8 @@ def _width() -> int:
 
 
 def _add_threads(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, help="CPU threads (default: chosen at start, see workbench.threads)")
+    parser.add_argument("--threads", type=int, metavar="INT",
+                        help="CPU threads (default: chosen at start, see workbench.threads)")  # fmt: skip
 
 
 def _add_trust_modified(parser: argparse.ArgumentParser) -> None:
@@ -572,7 +707,8 @@ def _list() -> str:
     """Every registered task, model and method in aligned columns (names, then descriptions wrapped beside them),
     with data cards; plug-ins that cannot be loaded last, each with the command that installs what it lacks."""
     from workbench.datacard import load_card
-    from workbench.registry import extra_of, install_command, methods, models, tasks
+    from workbench.registry import distribution_of, extra_of, install_command, methods, models, tasks
+    from workbench.registry import missing_distribution as missing_package
 
     registries = (("tasks", tasks), ("models", models), ("methods", methods))
     entries = {kind: registry.items() for kind, registry in registries}
@@ -585,7 +721,8 @@ def _list() -> str:
         lines = [f"  {name}"] if 2 + len(name) + 2 > indent else []
         for index, text in enumerate(texts):
             first = f"  {name}".ljust(indent) if index == 0 and not lines else " " * indent
-            lines += textwrap.wrap(text, width, initial_indent=first, subsequent_indent=" " * (indent + 2))
+            lines += textwrap.wrap(text, width, initial_indent=first, subsequent_indent=" " * (indent + 2),
+                                   break_on_hyphens=False)  # a pip command stays whole  # fmt: skip
         return lines
 
     def card(name: str | None, label: str = "card") -> list[str]:
@@ -594,7 +731,8 @@ def _list() -> str:
     lines = ["tasks:"]
     for name, cls in entries["tasks"]:
         missing = [package for package in cls.requires if importlib.util.find_spec(package) is None]
-        needs = [f"not installed: {install_command(cls.extra)}"] if missing else []
+        packages = ", ".join(map(distribution_of, missing))
+        needs = [f"{packages} not installed: {install_command(cls.extra)}"] if missing else []
         reads = [text for read in cls.reads for text in card(read, "also reads")]
         lines += row(name, cls.description, *needs, *card(cls.card), *reads, f"--precision: {' '.join(cls.precisions)}")
     lines += ["models:"]
@@ -604,23 +742,33 @@ def _list() -> str:
     for name, cls in entries["methods"]:
         lines += row(name, cls.description)
     unavailable = [
-        (kind[:-1], name, why)
+        (kind[:-1], name, why, registry.module_of(name))
         for kind, registry in registries
         for name, why in sorted(registry.unavailable.items())
         if name not in registry.names()
     ]
     if unavailable:
         lines += ["not loaded (an optional library is missing or broken):"]
-        for kind, name, why in unavailable:
-            extra = extra_of(why)
-            lines += row(f"{kind} {name}", f"not installed: {install_command(extra)}" if extra else why)
+        for kind, name, why, module in unavailable:
+            extra, package = extra_of(why, module), missing_package(why)
+            lines += row(f"{kind} {name}", f"{package} not installed: {install_command(extra)}" if extra else why)
     return "\n".join(lines)
+
+
+def _quiet_console() -> None:
+    """``--quiet``: log records below WARNING stay off the terminal. The workbench's loggers set their own level (a
+    run copies INFO into its log.txt), so the console handlers' level is raised, not only the root logger's."""
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING)
+    for handler in root.handlers:
+        if type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.stdout):
+            handler.setLevel(logging.WARNING)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if getattr(args, "quiet", False):
-        logging.getLogger().setLevel(logging.WARNING)
+        _quiet_console()
     from workbench.registry import methods, tasks
     from workbench.threads import use_threads
 
@@ -630,6 +778,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.command == "list":
         print(_list())
     elif args.command == "adapt":
+        from workbench.config import RunRequest
         from workbench.run import run_request
 
         task_cls = tasks.get(args.domain)
@@ -639,7 +788,14 @@ def run(argv: Sequence[str] | None = None) -> int:
             args, {"task": (args.domain, task_cls.options), "method": (method_name, methods.get(method_name).options)}
         )
         request = RunRequest(**given, task_options=options["task"], method_options=options["method"])
-        run_request(request, resume=args.resume, quiet=args.quiet)
+        finished = run_request(request, resume=args.resume, quiet=args.quiet)
+        from workbench.trainer import distributed
+
+        if args.quiet and distributed()[0] == 0:  # quiet: the result only (`run_request` prints it when not quiet)
+            from workbench import report
+
+            print(report.table(finished.metrics, task_cls.metrics, task_cls.default_method, task_cls.lower_is_better))
+            print(f"run written to {finished.path}")
     elif args.command == "compare" and args.rerun_cell:
         return _rerun_cell(*args.rerun_cell)
     elif args.command == "compare" and args.plan:
@@ -669,6 +825,8 @@ def run(argv: Sequence[str] | None = None) -> int:
             given = _given_options(
                 args, {"task": (args.task, task_cls.options), "generate": (args.task, task_cls.generate_options)}
             )
+            from workbench.options import resolve_options
+
             task = task_cls(**given["task"])
             what = f"generating data for task '{args.task}'"
             options = resolve_options(what, task_cls.generate_options, given["generate"])

@@ -21,6 +21,7 @@ import numpy as np
 
 from workbench import statistics
 from workbench.checkpoint import write_text
+from workbench.comparison import DEVELOPMENT_SEEDS_BELOW
 
 #: Metrics the forest plot shows (the first of the task's).
 FOREST_METRICS = 3
@@ -351,7 +352,7 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
         lines.append(f"- **Nothing trained** on {comparison['metrics'][0]} ({moved_text(moved)}): no entry gets a "
                      "verdict.")  # fmt: skip
     if comparison["development_seeds"]:
-        lines.append("- **Development seeds (below 100): for tuning, not for reporting.**")
+        lines.append(f"- **Development seeds (below {DEVELOPMENT_SEEDS_BELOW}): for tuning, not for reporting.**")
     lines += ["", table(comparison, comparison["metrics"][:3]), "", comparison["metrics_note"], ""]
     if forest:
         lines += [f"![paired differences]({forest})", ""]
@@ -413,6 +414,29 @@ def forest_plot(comparison: Mapping[str, Any], path: Path) -> str | None:
 
 
 # -- planning ----------------------------------------------------------------------------------------------------
+#: What a seed stands for in a comparison (a benchmark may say otherwise: ``facts["unit"]``).
+SEED_UNIT = "a seed, which redraws the folds, the training randomness and generated data; its folds averaged first"
+
+
+def design(spec: Any) -> tuple[str, str | None]:
+    """What ``spec``'s design can show, said before any cell runs (`workbench.comparison.compare`) and by ``compare
+    --plan``: the design line (folds × seeds = cells per method; the units verdicts are taken over), and the line
+    saying why the design cannot give a verdict, with its fix (fewer than `statistics.MIN_UNITS` seeds, one method
+    with nothing to pair), or None."""
+    folds, units, cells = spec.folds, len(spec.seeds), spec.folds * len(spec.seeds)
+    seeds = f"{units} seed{'s' * (units != 1)}"
+    line = (f"design: {folds} folds × {seeds} = {cells} cells per method, {cells * len(spec.methods)} in all; "
+            f"units: {seeds} (unit: {SEED_UNIT}); verdicts need ≥ {statistics.MIN_UNITS} units")  # fmt: skip
+    problems = []
+    if len(spec.methods) < 2:
+        problems.append(f"one method ({spec.methods[0]}) has nothing to be paired with; name two or more in --methods")
+    if units < statistics.MIN_UNITS:
+        first = min(spec.seeds)
+        problems.append(f"{seeds}, fewer than {statistics.MIN_UNITS} units, so every verdict of this comparison will "
+                        f"read 'no verdict'; give --seeds {first}-{first + statistics.MIN_UNITS - 1}")  # fmt: skip
+    return line, ("cannot give a verdict: " + "; ".join(problems)) if problems else None
+
+
 def plan(spec: Any, sd: float | None = None, effect: float | None = None,
          pilot: Mapping[str, Any] | None = None) -> str:  # fmt: skip
     """What ``workbench compare --plan`` prints, running no cell: for the planned units (``spec.seeds``), the minimum
@@ -422,9 +446,7 @@ def plan(spec: Any, sd: float | None = None, effect: float | None = None,
     units = len(spec.seeds)
     lines = [f"plan: {spec.domain}, {', '.join(spec.methods)} against {spec.reference}; {units} unit(s) (seeds "
              f"{', '.join(str(s) for s in spec.seeds)}) × {spec.folds} folds; no cell is run."]  # fmt: skip
-    if units < statistics.MIN_UNITS:
-        lines.append(f"fewer than {statistics.MIN_UNITS} units: every verdict of this comparison will read "
-                     "'no verdict'; add seeds.")  # fmt: skip
+    lines += [text for text in design(spec) if text]
     sources = []
     if sd is not None:
         sources.append(("given --sd", sd))

@@ -110,8 +110,8 @@ class RunRequest:
     threads: int | None = field(
         default=None,
         metadata=_parameter(
-            "CPU threads to compute with (default: the CPUs this process may use less those other processes keep "
-            "busy, chosen at start and kept by --resume; give it for runs comparable bit for bit)",
+            "CPU threads to compute with, pinned (default: the CPUs this process may use less those other processes "
+            "keep busy, re-chosen before every epoch as that load changes; give it for runs comparable bit for bit)",
             type=int,
         ),
     )
@@ -154,8 +154,10 @@ class RunConfig:
     method_options: dict[str, Any] = field(default_factory=dict)
     #: One of `PRECISIONS` less "auto" (resolved when read from runs written before it existed: the task's first).
     precision: str = "auto"
-    #: CPU threads the run computed with (`workbench.threads`); 0 until chosen, and in runs written before.
-    threads: int = 0
+    #: CPU threads the run computes with when pinned (``--threads``, ``OMP_NUM_THREADS``); None: following the load,
+    #: each epoch's count in the methods' histories (`workbench.threads`). Older runs: the count chosen at start (kept
+    #: pinned by --resume), or 0 (runs older still).
+    threads: int | None = None
     #: Held-out groups replacing the task's split (`RunRequest.split`); None: the task's own split.
     split: dict[str, list[str]] | None = None
     #: `workbench.trainer.TrainSettings.schedule`, ``warmup_share`` and ``select_on`` (defaults: runs written before).
@@ -246,7 +248,7 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
         task_options=task_options,
         method_options=method_options,
         precision=precision,
-        threads=request.threads or 0,
+        threads=request.threads,
         split=_split(request.split, task_cls),
         schedule=request.schedule,
         warmup_share=request.warmup_share,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import yaml
 from matplotlib.figure import Figure
@@ -12,13 +12,64 @@ from workbench.config import RunConfig
 from workbench.task import TaskData
 
 
-def _rows(metrics: Mapping[str, Any]) -> list[tuple[str, Mapping[str, float], Mapping[str, Any] | None]]:
+def _rows(
+    metrics: Mapping[str, Any], default_method: str | None
+) -> list[tuple[str, str, Mapping[str, float], Mapping[str, Any] | None]]:
+    """(label, key in ``metrics["intervals"]``, metrics, costs) of each row: the base model, the run's method, the
+    baselines."""
+    whose = "task's default method" if metrics["method"] == default_method else "this run's method"
     rows = [
-        ("before (pretrained)", metrics["before"], None),
-        (f"{metrics['method']} (chosen)", metrics["after"], metrics["costs"][metrics["method"]]),
+        ("before (pretrained)", "before", metrics["before"], None),
+        (f"{metrics['method']} ({whose})", "after", metrics["after"], metrics["costs"][metrics["method"]]),
     ]
-    rows += [(name, values, metrics["costs"][name]) for name, values in metrics["baselines"].items()]
+    rows += [(name, name, values, metrics["costs"][name]) for name, values in metrics["baselines"].items()]
     return rows
+
+
+def _plural(kind: str, n: int) -> str:
+    """``n`` and the noun ``kind``, each alternative ("subject or image") plural when ``n`` is not 1."""
+    return f"{n} {kind if n == 1 else ' or '.join(word + 's' for word in kind.split(' or '))}"
+
+
+def scored_units(metrics: Mapping[str, Any]) -> str:
+    """What the test scores rest on: "18 records from 12 patients" (or "40 target nodes" when each item is its own
+    group; "N samples" for a run without ``test_units``)."""
+    units = metrics.get("test_units")
+    if not units or not units.get("items"):
+        return f"{metrics['samples']['test']} samples"
+    items = _plural(units["item_kind"], units["items"])
+    if units["group_kind"] == units["item_kind"]:
+        return items
+    within = ", resampled within each" if units.get("resampled") == "items within groups" else ""
+    return f"{items} from {_plural(units['group_kind'], units['groups'])}{within}"
+
+
+def _cell(values: Mapping[str, float], bounds: Mapping[str, Any], name: str, spec: str) -> str:
+    """``value [low, high]`` (the 95 % interval over test items, where the run has one), or "-" where this data give
+    no value."""
+    if name not in values:
+        return "-"
+    interval = bounds.get(name)
+    value = format(values[name], spec)
+    return value if interval is None else f"{value} [{format(interval[0], spec)}, {format(interval[1], spec)}]"
+
+
+def caution(metrics: Mapping[str, Any], metric_names: Sequence[str], lower_is_better: Collection[str] = ()) -> str:
+    """One line when the paired 95 % interval of (run's method − best baseline) on the headline metric (the first
+    of ``metric_names``) holds 0, and "" otherwise (or without baselines or intervals)."""
+    metric, method = metric_names[0] if metric_names else "", metrics["method"]
+    scored = {name: values[metric] for name, values in metrics.get("baselines", {}).items() if metric in values}
+    if not scored:
+        return ""
+    best = (min if metric in lower_is_better else max)(scored, key=scored.__getitem__)
+    difference = metrics.get("differences", {}).get(f"{method} − {best}", {}).get(metric)
+    if not difference or difference["low"] is None or not difference["low"] <= 0 <= difference["high"]:
+        return ""
+    return (
+        f"{method} − {best} (the best baseline) in {metric}: {difference['estimate']:+.3f}, 95 % interval "
+        f"[{difference['low']:+.3f}, {difference['high']:+.3f}] over {scored_units(metrics)} holds 0: one split cannot "
+        f"tell them apart; `workbench compare --domain {metrics['task']} --methods {method},{best}` can"
+    )
 
 
 #: What the tables' memory column counts (`workbench.memory.training_step_bytes`, metrics.json ``training_step_bytes``).
@@ -44,15 +95,20 @@ def _megabytes(cost: Mapping[str, Any]) -> str:
     return "-" if step is None else f"{step / 2**20:.1f}"
 
 
-def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
-    """A fixed-width before/after table for the terminal."""
+def table(
+    metrics: Mapping[str, Any], metric_names: Sequence[str], default_method: str | None = None,
+    lower_is_better: Collection[str] = (),
+) -> str:  # fmt: skip
+    """A fixed-width before/after table for the terminal: each metric ``value [low, high]`` with its 95 % interval
+    over the test items, the title saying how many items (and groups) they are, and a `caution` line under it."""
     header = ["model", *metric_names, "trainable params", "s/epoch", "step MiB", "epochs run"]
     lines = []
-    for label, values, cost in _rows(metrics):
+    intervals = metrics.get("intervals", {})
+    for label, key, values, cost in _rows(metrics, default_method):
         lines.append(
             [
                 label,
-                *(_value(values, m, ".2f") for m in metric_names),
+                *(_cell(values, intervals.get(key, {}), m, ".2f") for m in metric_names),
                 f"{cost['trainable_parameters']:,}" if cost else "-",
                 f"{cost['seconds_per_epoch']:.2f}" if cost else "-",
                 _megabytes(cost) if cost else "-",
@@ -67,21 +123,57 @@ def table(metrics: Mapping[str, Any], metric_names: Sequence[str]) -> str:
         )
 
     rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
-    samples = metrics["samples"]
-    title = f"{metrics['task']}: test split ({samples['test']} samples; trained on {samples['train']})"
+    title = f"{metrics['task']}: test split ({scored_units(metrics)}; trained on {metrics['samples']['train']})"
     footer = [_skipped_line(metrics)] if metrics.get("skipped_records", {}).get("skipped") else []
+    footer += [line for line in [caution(metrics, metric_names, lower_is_better)] if line]
     return "\n".join([title, rule, fmt(header), rule, *map(fmt, lines), rule, *footer])
-
-
-def _value(values: Mapping[str, float], name: str, spec: str) -> str:
-    """A metric formatted, or "-" where this data gives none (e.g. a sub-task the data do not hold)."""
-    return format(values[name], spec) if name in values else "-"
 
 
 def _skipped_line(metrics: Mapping[str, Any]) -> str:
     skipped = metrics["skipped_records"]
     of = f" of {skipped['seen']}" if skipped["seen"] else ""
     return f"{skipped['skipped']}{of} record(s) skipped (bad records; listed in metrics.json)"
+
+
+def _interval_note(metrics: Mapping[str, Any]) -> str:
+    units = metrics.get("test_units", {})
+    if not metrics.get("intervals"):
+        return "No intervals: this run's test predictions cannot be rescored on resamples of the test items."
+    whole = "" if units["group_kind"] == units["item_kind"] else f" (whole {units['group_kind']}s at a time)"
+    if units.get("resampled") == "items within groups":
+        whole = (f" ({units['item_kind']}s drawn within each {units['group_kind']}: too few {units['group_kind']}s to "
+                 f"draw them; the interval holds these {units['group_kind']}s fixed)")  # fmt: skip
+    return (
+        f"[low, high]: 95 % percentile bootstrap interval over the test split's {scored_units(metrics)}, "
+        f"{units['resamples']} resamples{whole}; it says how much these numbers would move on another draw of "
+        "test items, not over training seeds or data splits."
+    )
+
+
+def _differences(
+    metrics: Mapping[str, Any], metric_names: Sequence[str], lower_is_better: Collection[str]
+) -> list[str]:
+    """The report's section of paired differences (same resampled test items for both models), and the caution."""
+    differences = metrics.get("differences", {})
+    if not differences:
+        return []
+    lines = ["", "## Paired differences", "",
+             "Each row: one model minus another on the same resampled test items; estimate [95 % interval]. An "
+             "interval holding 0 means this split cannot tell the two apart.", "",
+             "| difference | " + " | ".join(metric_names) + " |", "|" + "---|" * (len(metric_names) + 1)]  # fmt: skip
+    for name, values in differences.items():
+        cells = []
+        for metric in metric_names:
+            value = values.get(metric)
+            if value is None:
+                cells.append("-")
+            elif value["low"] is None:
+                cells.append(f"{value['estimate']:+.3f}")
+            else:
+                cells.append(f"{value['estimate']:+.3f} [{value['low']:+.3f}, {value['high']:+.3f}]")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    line = caution(metrics, metric_names, lower_is_better)
+    return lines + (["", f"**{line}**"] if line else [])
 
 
 def learning_curves(
@@ -115,28 +207,35 @@ def markdown(
     figures: Sequence[tuple[str, str]],
     metric_names: Sequence[str],
     metrics_note: str = "Errors are on the test split; lower is better.",
+    default_method: str | None = None,
+    lower_is_better: Collection[str] = (),
 ) -> str:
-    """The run's ``report.md``: what was run, the table, the plots, the configuration."""
+    """The run's ``report.md``: what was run, the table (with 95 % intervals over the test items), the paired
+    differences, the plots, the configuration."""
     columns = [*metric_names, "trainable params", "s/epoch", "step MiB", "epochs run (best, from 1)"]
     header = "| model | " + " | ".join(columns) + " |"
     lines = [
         f"# {config.task}: {config.method} vs {', '.join(map(str, config.baselines)) or 'no baselines'}",
         "",
         f"Data: `{data.source}` — {metrics['samples']['train']} training, {metrics['samples']['val']} validation, "
-        f"{metrics['samples']['test']} test samples. Seed {config.seed}, device {config.device}.",
+        f"{metrics['samples']['test']} test samples ({scored_units(metrics)}). Seed {config.seed}, device "
+        f"{config.device}.",
         "",
         header,
         "|" + "---|" * (len(metric_names) + 5),
     ]
-    for label, values, cost in _rows(metrics):
+    intervals = metrics.get("intervals", {})
+    for label, key, values, cost in _rows(metrics, default_method):
         extra = "- | - | - | -"
         if cost:
             extra = (
                 f"{cost['trainable_parameters']:,} | {cost['seconds_per_epoch']:.2f} | {_megabytes(cost)} | "
                 f"{cost['epochs']} ({cost['best_epoch'] + 1})"
             )
-        lines.append(f"| {label} | " + " | ".join(_value(values, m, ".3f") for m in metric_names) + f" | {extra} |")
-    lines += ["", metrics_note, "", MEMORY_NOTE, "", EPOCHS_NOTE]
+        cells = " | ".join(_cell(values, intervals.get(key, {}), m, ".3f") for m in metric_names)
+        lines.append(f"| {label} | {cells} | {extra} |")
+    lines += ["", metrics_note, "", _interval_note(metrics), "", MEMORY_NOTE, "", EPOCHS_NOTE]
+    lines += _differences(metrics, metric_names, lower_is_better)
     skipped = metrics.get("skipped_records", {})
     if skipped.get("skipped"):
         lines += ["", "## Skipped records", "", _skipped_line(metrics) + ":", ""]

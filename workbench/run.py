@@ -24,10 +24,11 @@ import functools
 import json
 import logging
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ import torch.distributed as dist
 import yaml
 from torch import nn
 
-from workbench import randomness, report
+from workbench import item_bootstrap, randomness, report
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
 from workbench.config import MethodEntry, RunConfig, RunRequest, resolve_config
 from workbench.errors import UserError
@@ -47,7 +48,7 @@ from workbench.registry import methods, tasks
 from workbench.rundir import check_out_path, claim_file, claim_run_dir
 from workbench.seal import check_run, seal
 from workbench.task import Evaluation, Task, TaskData
-from workbench.threads import use_threads
+from workbench.threads import ThreadPolicy
 from workbench.trainer import Trainer, TrainSettings, distributed
 
 log = logging.getLogger("workbench")
@@ -134,8 +135,11 @@ def adapt(domain: str, method: str | None = None, *, resume: bool = False, quiet
     return run_request(request, resume=resume, quiet=quiet)
 
 
-def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) -> Run:
-    """`adapt` for a `RunRequest` (what the command line calls)."""
+def run_request(
+    request: RunRequest, resume: bool = False, quiet: bool = False, threads: ThreadPolicy | None = None
+) -> Run:
+    """`adapt` for a `RunRequest` (what the command line calls); ``threads``: the policy of its CPU threads (default:
+    pinned to ``request.threads``, else to the interrupted run's pinned count on resume, else following the load)."""
     config, warnings = resolve_config(request)
     _init_distributed(config.device)
     rank, _ = distributed()
@@ -150,8 +154,9 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
     if resume and (out_dir / "metrics.json").is_file():
         log.info("%s is complete; nothing to resume", out_dir)
         return Run.load(out_dir)
-    earlier_threads = Run.read_config_file(out_dir).threads if resume and request.threads is None else 0
-    config = dataclasses.replace(config, threads=use_threads(request.threads or earlier_threads or None))
+    earlier_threads = Run.read_config_file(out_dir).threads if resume and request.threads is None else None
+    threads = threads or ThreadPolicy(request.threads or earlier_threads or None)  # 0: older runs, not pinned
+    config = dataclasses.replace(config, threads=threads.pinned)
     data_print = data_record(config.data, config.task, config.task_options, config.seed) if rank == 0 else {}
     if resume and rank == 0:
         _check_data(out_dir, data_print)
@@ -179,12 +184,12 @@ def run_request(request: RunRequest, resume: bool = False, quiet: bool = False) 
     # Everything the user gave has been read and checked: only now does the run directory appear, held by this
     # process (rank 0) until the run ends.
     if rank != 0:
-        return _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank)
+        return _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank, threads)
     with claim_run_dir(out_dir, resume):
         write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
         write_json(out_dir / FINGERPRINT, {"settings_hash": _settings_hash(config.to_dict()), **data_print})
         with _logging_to(out_dir / "log.txt"):
-            finished = _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank)
+            finished = _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank, threads)
         seal(out_dir, "run")  # last, once log.txt is closed: every file the run produced (`workbench.seal`)
         return finished
 
@@ -219,6 +224,8 @@ class _RunContext:
     resume: bool
     rank: int
     progress: bool
+    #: Sets the CPU threads before each epoch of every method (`workbench.threads.ThreadPolicy.update`).
+    threads: ThreadPolicy | None = None
 
 
 def _adapt_steps(
@@ -231,6 +238,7 @@ def _adapt_steps(
     resume: bool,
     quiet: bool,
     rank: int,
+    threads: ThreadPolicy | None = None,
 ) -> Run:
     """Score the base model, train every method, write metrics and report (the body of `adapt`)."""
     log.info(
@@ -243,7 +251,7 @@ def _adapt_steps(
         distributed()[1],
         config.device,
     )
-    run = _RunContext(config, task, data, out_dir, device, resume, rank, progress=not quiet)
+    run = _RunContext(config, task, data, out_dir, device, resume, rank, progress=not quiet, threads=threads)
     base = bases[None][0]
     before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank, resume)
     _warm_up(task, base, data, device, config.batch_size)
@@ -253,16 +261,18 @@ def _adapt_steps(
     for index, entry in enumerate(entries):
         log.info("[%d/%d] %s", index + 1, len(entries), entry)
         results[str(entry)], evaluations[str(entry)] = _run_method(run, entry, *bases[entry.model], chosen=index == 0)
-    metrics = _metrics(config, data, before, results, task.skipped)
+    metrics = {**_metrics(config, data, before, results, task.skipped), **_item_intervals(task, config, evaluations)}
     if rank == 0:
         figures = task.figures(evaluations, out_dir) + [report.learning_curves(results, out_dir)]
         write_text(
-            out_dir / "report.md", report.markdown(config, data, metrics, figures, task.metrics, task.metrics_note)
+            out_dir / "report.md",
+            report.markdown(config, data, metrics, figures, task.metrics, task.metrics_note, task.default_method,
+                            task.lower_is_better),  # fmt: skip
         )
         write_json(out_dir / "metrics.json", metrics)  # last: its presence marks the run complete
         _remove_checkpoints(out_dir)
         if not quiet:
-            print(report.table(metrics, task.metrics))
+            print(report.table(metrics, task.metrics, task.default_method, task.lower_is_better))
             print(f"run written to {out_dir}")
         return Run.load(out_dir)  # rebuilt from what was written: the run directory is the result
     return Run(out_dir, config, metrics)
@@ -570,7 +580,7 @@ def _run_method(
         method.setup(task, model, data, config.seed)
         stages = method.plan(task, model, data, inputs)
         history = _train(stages, task, model, run.out_dir / "checkpoints" / f"{entry}.pt", device, run.progress,
-                         str(entry), run.resume)  # fmt: skip
+                         str(entry), run.resume, run.threads and run.threads.update)  # fmt: skip
     step_bytes = _training_step_bytes(stages[-1], task, model, data, device) if stages else None
     task_state = task.refit(model, data) or task_state
     evaluation = task.evaluate(model, data.test, device)
@@ -584,6 +594,7 @@ def _run_method(
         "seconds_per_epoch": float(np.mean([h["seconds"] for h in history])) if history else 0.0,
         "epochs": len(history),
         "best_epoch": _best_epoch(history),
+        "threads_per_epoch": [h.get("threads") for h in history],  # None: an epoch of a run older than the count
         "peak_memory_bytes": memory.peak_bytes,
         "training_memory_bytes": memory.added_bytes,
         "training_step_bytes": step_bytes,
@@ -600,16 +611,17 @@ def _run_method(
 def _trainer(
     stage: Stage, task: Task, model: nn.Module, device: torch.device, checkpoint: Path | None = None,
     progress: bool = False, label: str = "", settings: TrainSettings | None = None, samples: list[Any] | None = None,
+    threads: Callable[[], int] | None = None,
 ) -> Trainer:
     """The trainer of one stage: its loss, samples, settings, gradient function, epoch hook and, when the settings
     select on a metric, its score on the validation samples (``settings`` and ``samples`` replace the stage's for a
-    probe)."""
+    probe); ``threads``: sets the CPU threads before each epoch (`workbench.trainer.Trainer`)."""
     train, val = (samples, samples[:1]) if samples is not None else (stage.train, stage.val)
     settings = settings or stage.settings
     return Trainer(
         model, stage.loss, task.collate, train, val, settings, checkpoint_path=checkpoint, device=device,
         progress=progress, label=label or stage.name, epoch_start=stage.on_epoch, gradients=stage.gradients,
-        before_step=stage.before_step,
+        before_step=stage.before_step, threads=threads,
         score=None if settings.select_on == "loss" else functools.partial(_validation_score, task, val, device,
                                                                              settings.select_on),
     )  # fmt: skip
@@ -652,10 +664,12 @@ def _train(
     progress: bool,
     label: str,
     resume: bool,
+    threads: Callable[[], int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Train a prepared model stage after stage; the trainers' history, epochs numbered over all stages, each entry
-    naming its ``stage``. Nothing for a plan without stages. Afterwards every parameter that was trainable before
-    the first stage is trainable again (what the method saves as its adapter)."""
+    """Train a prepared model stage after stage (``threads``: sets the CPU threads before each epoch); the trainers'
+    history, epochs numbered over all stages, each entry naming its ``stage``. Nothing for a plan without stages.
+    Afterwards every parameter that was trainable before the first stage is trainable again (what the method saves
+    as its adapter)."""
     history: list[dict[str, Any]] = []
     prepared = [name for name, p in model.named_parameters() if p.requires_grad]
     staged = [stage.name for stage in stages] != ["train"]
@@ -665,6 +679,7 @@ def _train(
         trainer = _trainer(
             stage, task, model, device, progress=progress, label=f"{label} {stage.name}" if staged else label,
             checkpoint=checkpoint.with_name(f"{checkpoint.stem}.{stage.name}.pt") if staged else checkpoint,
+            threads=threads,
         )  # fmt: skip
         for entry in trainer.fit(resume=resume):
             history.append(dict(entry, epoch=len(history), stage=stage.name, stage_epoch=entry["epoch"]))
@@ -697,11 +712,15 @@ def _chosen_model(out_dir: Path, config: RunConfig) -> nn.Module:
         randomness.restore(state)
 
 
+#: The key under which a result's predictions file keeps the test items' groups (`Evaluation.groups`, as codes).
+GROUPS_KEY = "test_item_groups"
+
+
 def _save_result(out_dir: Path, name: str, result: dict[str, Any], evaluation: Evaluation) -> None:
-    save_tensors(
-        out_dir / "results" / f"{name}.predictions.safetensors",
-        {k: torch.as_tensor(v) for k, v in evaluation.predictions.items()},
-    )
+    tensors = {k: torch.as_tensor(v) for k, v in evaluation.predictions.items()}
+    if evaluation.groups is not None:  # group labels may be text: their codes keep which items share a group
+        tensors[GROUPS_KEY] = torch.as_tensor(np.unique(evaluation.groups, return_inverse=True)[1].reshape(-1))
+    save_tensors(out_dir / "results" / f"{name}.predictions.safetensors", tensors)
     write_json(out_dir / "results" / f"{name}.json", result)
 
 
@@ -713,7 +732,7 @@ def _load_result(out_dir: Path, name: str) -> tuple[dict[str, Any], Evaluation] 
     predictions = {
         k: v.numpy() for k, v in load_tensors(out_dir / "results" / f"{name}.predictions.safetensors").items()
     }
-    return result, Evaluation(result["metrics"], predictions)
+    return result, Evaluation(result["metrics"], predictions, predictions.pop(GROUPS_KEY, None))
 
 
 def _save_adapter(out_dir: Path, method: Method, model: nn.Module, task_state: dict[str, Any]) -> None:
@@ -750,6 +769,35 @@ def _metrics(
         "training_step_bytes": chosen.get("training_step_bytes"),  # absent from results of older versions
         "costs": costs,
     }
+
+
+def _item_intervals(task: Task, config: RunConfig, evaluations: dict[str, Evaluation]) -> dict[str, Any]:
+    """``intervals``, ``differences`` (the run's method minus the base model, "after − before", and minus each
+    baseline) and ``test_units`` of `metrics.json`: a bootstrap over the test items of the predictions in
+    ``evaluations`` (`workbench.item_bootstrap`), seeded with the run's seed. Without groups or a `Task.rescore`
+    (results of older versions), no intervals, with a warning."""
+    rows = {"before": evaluations["before"], "after": evaluations[config.method]}
+    rows.update({str(entry): evaluations[str(entry)] for entry in config.baselines})
+    groups = rows["before"].groups
+    items, n_groups = item_bootstrap.count_units(groups if groups is not None else [])
+    found = {"test_units": {"items": items, "groups": n_groups, "item_kind": task.item_kind,
+                            "group_kind": task.group_kind or task.item_kind, "resamples": item_bootstrap.RESAMPLES,
+                            "resampled": item_bootstrap.resampled_units(groups) if items else None}}
+    pairs = {"after − before": ("after", "before")}
+    pairs.update({f"{config.method} − {entry}": ("after", str(entry)) for entry in config.baselines})
+    started = time.perf_counter()
+    try:
+        if any(row.groups is None or len(row.groups) != items for row in rows.values()):
+            raise NotImplementedError("the test items' groups are missing")
+        bootstrap = item_bootstrap.item_intervals(
+            task.rescore, {label: row.predictions for label, row in rows.items()}, groups,
+            {label: row.metrics for label, row in rows.items()}, pairs, config.seed,
+        )  # fmt: skip
+    except (NotImplementedError, KeyError) as error:
+        log.warning("no intervals for the test metrics: %s", error)
+        return {**found, "intervals": {}, "differences": {}}
+    log.info("item bootstrap (%d resamples): %.2f s", item_bootstrap.RESAMPLES, time.perf_counter() - started)
+    return {**found, **bootstrap}
 
 
 def _remove_checkpoints(out_dir: Path) -> None:

@@ -62,10 +62,14 @@ class Predictions:
 
 @dataclass
 class Evaluation:
-    """Metrics on one split and the raw predictions behind them (for plots)."""
+    """Metrics on one split and the raw predictions behind them (for plots, and for `Task.rescore`)."""
 
     metrics: dict[str, float]
     predictions: dict[str, np.ndarray]
+    #: The group of each scored item, shape (n_items,), in the item order `Task.rescore` uses: items of one group
+    #: (a patient's records, a subject's windows) are resampled together (`workbench.item_bootstrap`); every item
+    #: its own group where items are independent. None: the task cannot rescore these predictions.
+    groups: np.ndarray | None = None
 
 
 def to_device(array: Any, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -131,6 +135,8 @@ class Task:
     #: What a fold of ``workbench compare`` holds out whole ("subject", "patient", "trajectory block", ...); tasks
     #: declaring the ``folds`` capability set it and implement `split_groups` and `hold_out`.
     group_kind: ClassVar[str] = ""
+    #: What one test item is ("record", "window", "frame", ...): the unit `rescore` resamples (report titles).
+    item_kind: ClassVar[str] = "sample"
     #: The sentence under the report's table saying what the numbers are.
     metrics_note: ClassVar[str] = "Errors are on the test split; lower is better."
     #: Training defaults of this task (`workbench.trainer.TrainSettings` fields and ``train_size``).
@@ -276,6 +282,18 @@ class Task:
 
     def evaluate(self, model: nn.Module, samples: Sequence[Any], device: torch.device) -> Evaluation:
         raise NotImplementedError
+
+    def rescore(self, predictions: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
+        """`evaluate`'s metrics of the test items on resamples of them (`workbench.item_bootstrap`), from the
+        predictions `evaluate` returned: a resample draws item ``i`` ``counts[r, i]`` times (the item order of
+        `Evaluation.groups`). Counts of ones reproduce `evaluate`'s metrics; metrics not of the test items (a
+        source-domain score, a method's diagnostics) are left out. Vectorised over resamples
+        (`workbench.resampled_metrics`).
+
+        Shapes: counts (n_resamples, n_items) → {metric: (n_resamples,) float64, NaN where a resample does not
+        define it}.
+        """
+        raise NotImplementedError(f"task '{self.name}' does not rescore resamples of its test items")
 
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         """Write the domain's plots into ``out_dir``; returns (caption, file name) pairs."""

@@ -108,6 +108,9 @@ class Trainer:
         score: ``score(model) -> float``, the validation objective when ``settings.select_on`` names a metric
             (lower is better: the caller negates a metric where higher is better), computed with the current (EMA)
             weights after each epoch.
+        threads: ``threads() -> count`` called before each epoch: the CPU threads it computes with, which the hook
+            may change (`workbench.threads.ThreadPolicy.update`); None: torch's count as it is. Each epoch's count
+            is in the history (``threads``).
     """
 
     def __init__(
@@ -126,6 +129,7 @@ class Trainer:
         gradients: Callable[[nn.Module, Any, int], torch.Tensor | None] | None = None,
         before_step: Callable[[nn.Module, torch.optim.Optimizer, int], None] | None = None,
         score: Callable[[nn.Module], float] | None = None,
+        threads: Callable[[], int] | None = None,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -140,6 +144,7 @@ class Trainer:
         self.gradients = gradients
         self.before_step = before_step
         self.score = score
+        self.threads = threads or torch.get_num_threads
         self.rank, self.world_size = distributed()
         self.progress = progress and self.rank == 0
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -350,6 +355,7 @@ class Trainer:
             epoch = len(self.history)
             if self.epoch_start is not None:
                 self.epoch_start(epoch, self.settings.epochs)
+            threads = self.threads()
             start = time.perf_counter()
             train_loss, steps = self._train_epoch(epoch)
             seconds = time.perf_counter() - start
@@ -371,6 +377,7 @@ class Trainer:
                     "seconds": seconds,
                     "steps": steps,
                     "selectable": selectable,
+                    "threads": threads,
                 }
             )
             self.stopped = epoch - max(self.best["epoch"], self.settings.select_from - 1) >= self.settings.patience

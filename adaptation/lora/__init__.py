@@ -7,9 +7,9 @@ PEFT's parameter names and file layout, so adapters move between the workbench a
 named adapters (PEFT's ``lora_A[name]``), each of a kind: plain LoRA, H-LoRA's token-routed fused experts, or
 MoELoRA's looped experts.
 
-- `apply` / `apply_config`, `add_adapter`, `set_adapter`, `delete_adapter`, `merge`, `unmerge`, `save_adapter`,
-  `load_adapter`, `set_adapter_weights`, `adapter_parameters`, `adapter_state`, `lora_layers`, `init_lora_one`
-  (`workbench.adaptation.lora.model`);
+- `apply` / `apply_config` (`check_config`: what they would refuse, the model left as it is), `add_adapter`,
+  `set_adapter`, `delete_adapter`, `merge`, `unmerge`, `save_adapter`, `load_adapter`, `set_adapter_weights`,
+  `adapter_parameters`, `adapter_state`, `lora_layers`, `init_lora_one` (`workbench.adaptation.lora.model`);
 - `LoraLayer` (`workbench.adaptation.lora.layer`);
 - `apply_plugins`, `active_plugin`, `save_plugin`, `load_plugin`: named adapters chosen by task kind (HealthGPT's
   heterogeneous H-LoRA / MoELoRA / LoRA plug-ins) (`workbench.adaptation.lora.plugins`);
@@ -46,6 +46,7 @@ from workbench.adaptation.lora.model import (
     add_adapter,
     apply,
     apply_config,
+    check_config,
     delete_adapter,
     init_lora_one,
     load_adapter,
@@ -101,6 +102,7 @@ __all__ = [
     "set_adapter",
     "apply",
     "apply_config",
+    "check_config",
     "conv_rule_rank",
     "load_adapter",
     "lora_layers",

@@ -185,6 +185,48 @@ class InitialFactors(nn.Module):
         self.register_buffer("B", torch.zeros_like(b), persistent=False)
 
 
+def check_fits(base: nn.Module, config: AdapterConfig) -> None:
+    """A `UserError` when ``config`` cannot adapt the layer ``base``: a grouped convolution, a routed kind on a
+    convolution, ``compute="weight"`` on a non-stock layer, GOAT's, PiSSA's or LoRA-One's rank above the weight's, or
+    GOAT's and PiSSA's residual on a parametrized weight (what `LoraLayer.add_adapter` refuses; a method checks it
+    before a run)."""
+    if isinstance(base, (nn.Conv1d, nn.Conv2d)) and base.groups != 1:
+        raise UserError(
+            f"LoRA on a grouped convolution ({type(base).__name__} with groups={base.groups}) is not supported; "
+            "leave this module out of the targets"
+        )
+    if config.routed and not isinstance(base, nn.Linear):
+        raise UserError(
+            f"routed LoRA experts ({config.kind}) adapt nn.Linear layers, not {type(base).__name__}; leave this "
+            "module out of the targets"
+        )
+    if config.compute == "weight" and _stock_class(base) not in SUPPORTED:
+        raise UserError(
+            f"compute='weight' runs the stock layer's operation with W + ΔW, which a {type(base).__name__} cannot; "
+            "use compute='input'"
+        )
+    if config.init == "goat":
+        segment = min(base.weight.shape) // config.experts
+        if config.rank // config.experts > segment:
+            raise UserError(
+                f"GOAT cuts the {min(base.weight.shape)} singular values of the {tuple(base.weight.shape)} base "
+                f"weight into {config.experts} segments of {segment}: an expert's rank "
+                f"{config.rank // config.experts} does not fit; lower the rank or the experts"
+            )
+    largest = min(base.weight.shape[0], base.weight[0].numel())
+    if config.init in ("pissa", "goat", "lora-one") and config.rank > largest:
+        what = "gradient" if config.init == "lora-one" else "base weight"
+        raise UserError(
+            f"init={config.init!r} takes the top-r singular triplets of the {tuple(base.weight.shape)} {what}, which "
+            f"has {largest}: LoRA rank {config.rank} is too large for init={config.init!r}"
+        )
+    if config.init in ("pissa", "goat") and parametrize.is_parametrized(base, "weight"):
+        raise UserError(
+            f"init={config.init!r} replaces the base weight by a residual, which a parametrized weight cannot take; "
+            "use init='kaiming' for this target"
+        )
+
+
 class LoraLayer(nn.Module):
     """``base_layer(x) + Σ_{active adapters} update(x)`` around a frozen linear or conv layer (PEFT's ``LoraLayer``).
 
@@ -211,11 +253,6 @@ class LoraLayer(nn.Module):
             raise UserError(
                 f"LoRA adapts nn.Linear, nn.Conv1d and nn.Conv2d layers, not {type(base_layer).__name__}; "
                 "leave this module out of the targets"
-            )
-        if isinstance(base_layer, (nn.Conv1d, nn.Conv2d)) and base_layer.groups != 1:
-            raise UserError(
-                f"LoRA on a grouped convolution ({type(base_layer).__name__} with groups={base_layer.groups}) is not "
-                "supported; leave this module out of the targets"
             )
         self.base_layer = base_layer
         self.lora_dropout = AdapterDict()
@@ -248,36 +285,7 @@ class LoraLayer(nn.Module):
         if name in self.adapters:
             raise UserError(f"this layer already has a LoRA adapter named '{name}'; delete_adapter('{name}') first")
         base = self.base_layer
-        if config.routed and not isinstance(base, nn.Linear):
-            raise UserError(
-                f"routed LoRA experts ({config.kind}) adapt nn.Linear layers, not {type(base).__name__}; leave this "
-                "module out of the targets"
-            )
-        if config.compute == "weight" and _stock_class(base) not in SUPPORTED:
-            raise UserError(
-                f"compute='weight' runs the stock layer's operation with W + ΔW, which a {type(base).__name__} cannot; "
-                "use compute='input'"
-            )
-        if config.init == "goat":
-            segment = min(base.weight.shape) // config.experts
-            if config.rank // config.experts > segment:
-                raise UserError(
-                    f"GOAT cuts the {min(base.weight.shape)} singular values of the {tuple(base.weight.shape)} base "
-                    f"weight into {config.experts} segments of {segment}: an expert's rank "
-                    f"{config.rank // config.experts} does not fit; lower the rank or the experts"
-                )
-        if config.init in ("pissa", "goat"):
-            largest = min(base.weight.shape[0], base.weight[0].numel())
-            if config.rank > largest:
-                raise UserError(
-                    f"PiSSA takes the top-r singular triplets of the {tuple(base.weight.shape)} base weight, which "
-                    f"has {largest}: LoRA rank {config.rank} is too large for init='pissa'"
-                )
-            if parametrize.is_parametrized(base, "weight"):
-                raise UserError(
-                    f"init={config.init!r} replaces the base weight by a residual, which a parametrized weight cannot "
-                    "take; use init='kaiming' for this target"
-                )
+        check_fits(base, config)
         self.lora_dropout[name] = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         if config.kind in ("moelora", "goat"):
             per_expert = config.rank // config.experts

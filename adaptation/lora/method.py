@@ -9,11 +9,20 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
-from workbench.adaptation.lora.config import COMPUTES, CONV_RANKS, INITS, OBJECTIVES, REPARAMS, SCALINGS
+from workbench.adaptation.lora.config import (
+    COMPUTES,
+    CONV_RANKS,
+    INITS,
+    OBJECTIVES,
+    REPARAMS,
+    SCALINGS,
+    LoraConfig,
+)
 from workbench.adaptation.lora.flat import flat_stage
 from workbench.adaptation.lora.model import (
     adapter_state,
-    apply,
+    apply_config,
+    check_config,
     init_lora_one,
     load_state,
     lora_layers,
@@ -21,6 +30,7 @@ from workbench.adaptation.lora.model import (
     target_names,
 )
 
+from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
 from workbench.model import require
 from workbench.options import Option
@@ -36,27 +46,39 @@ TARGETS_OPTION = Option(
     "(default: every group the model declares)",
 )
 HEAD_OPTION = Option("head", str, "train", "train the model's head in full, or keep it frozen", choices=HEAD_CHOICES)
-#: The refinements of LoRA every method built on this package takes (`workbench.adaptation.lora.config`).
+#: The inits and scales of plain LoRA adapters: every one but GOAT's, which needs its routed experts (``--init goat``
+#: of the ``lora`` method).
+PLAIN_INITS = tuple(init for init in INITS if init != "goat")
+PLAIN_SCALINGS = tuple(scaling for scaling in SCALINGS if scaling != "goat")
+#: The refinements of plain LoRA every method built on this package takes (`workbench.adaptation.lora.config`);
+#: GOAT's init and scale are the ``lora`` method's alone (`GOAT_INIT`, `GOAT_SCALING`).
 REFINEMENT_OPTIONS = (
     Option(
         "init",
         str,
         "kaiming",
         "adapter init: 'kaiming' (A Kaiming-uniform, B = 0, PEFT's default), 'pissa' (top-r singular triplets of "
-        "each weight, which keeps the residual), 'lora-one' (top-r singular triplets of one full-batch gradient "
-        "over the training samples) or 'goat' (GOAT: top-k routed experts from segments of each weight's SVD; "
-        "lora only)",
-        choices=INITS,
+        "each weight, which keeps the residual) or 'lora-one' (top-r singular triplets of one full-batch gradient "
+        "over the training samples)",
+        choices=PLAIN_INITS,
+        refused={"goat": "GOAT's routed experts are method lora's (--method lora --init goat)"},
     ),
     Option(
         "lora_scaling",
         str,
         "standard",
-        "update scale: 'standard' (alpha / rank), 'rslora' (alpha / sqrt(rank)) or 'goat' (GOAT's sqrt(3 n_in / "
-        "expert rank), with --init goat); named apart from the tasks' input --scaling",
-        choices=SCALINGS,
+        "update scale: 'standard' (alpha / rank) or 'rslora' (alpha / sqrt(rank)); named apart from the tasks' "
+        "input --scaling",
+        choices=PLAIN_SCALINGS,
+        refused={"goat": "GOAT's scale belongs to its routed experts (--method lora --init goat --lora-scaling goat)"},
     ),
-    Option("dora", bool, False, "DoRA: a trained magnitude per output unit times the normalised adapted weight"),
+    Option(
+        "dora",
+        bool,
+        False,
+        "DoRA: a trained magnitude per output unit times the normalised adapted weight",
+        requires={True: {"init": PLAIN_INITS}},
+    ),
     Option("gamma", float, 128.0, "LoRA-One's gamma: its factors are divided by sqrt(gamma) (--init lora-one)"),
     Option(
         "reparam",
@@ -64,7 +86,26 @@ REFINEMENT_OPTIONS = (
         "none",
         "'replora': the factors come out of a light MLP shared by A and B (RepLoRA); 'none': as they are",
         choices=REPARAMS,
+        requires={"replora": {"init": ("kaiming",), "dora": (False,)}},
     ),
+)
+#: The ``lora`` method's ``--init`` and ``--lora-scaling``: plain LoRA's and GOAT's (``--lora-scaling goat`` with
+#: ``--init goat`` only).
+GOAT_INIT = dataclasses.replace(
+    REFINEMENT_OPTIONS[0],
+    help="adapter init: 'kaiming' (A Kaiming-uniform, B = 0, PEFT's default), 'pissa' (top-r singular triplets of "
+    "each weight, which keeps the residual), 'lora-one' (top-r singular triplets of one full-batch gradient over the "
+    "training samples) or 'goat' (GOAT: top-k routed experts from segments of each weight's SVD)",
+    choices=INITS,
+    refused={},
+)
+GOAT_SCALING = dataclasses.replace(
+    REFINEMENT_OPTIONS[1],
+    help="update scale: 'standard' (alpha / rank), 'rslora' (alpha / sqrt(rank)) or 'goat' (GOAT's sqrt(3 n_in / "
+    "expert rank)); named apart from the tasks' input --scaling",
+    choices=SCALINGS,
+    refused={},
+    requires={"goat": {"init": ("goat",)}},
 )
 #: Samples per forward pass while LoRA-One takes its full-batch gradient (the mean is over all of them).
 GRADIENT_CHUNK = 32
@@ -81,6 +122,18 @@ GOAT_OPTIONS = (
 def refinements(config: Mapping[str, Any]) -> dict[str, Any]:
     """The `apply` keywords of a method's `REFINEMENT_OPTIONS`."""
     return {"scaling": config["lora_scaling"], **{name: config[name] for name in ("init", "dora", "reparam")}}
+
+
+def checked_config(method: str, config: Mapping[str, Any], **arguments: Any) -> LoraConfig:
+    """The `LoraConfig` of a method's options (``config``: its `REFINEMENT_OPTIONS` among them; ``arguments``: the
+    other `LoraConfig` fields), refused as one of ``method`` when it is not one — before any model is seen."""
+    if config["gamma"] <= 0:
+        raise UserError(f"method '{method}': --gamma must be positive (LoRA-One divides by sqrt(gamma)), got "
+                        f"{config['gamma']}")  # fmt: skip
+    try:
+        return LoraConfig(**refinements(config), **arguments)
+    except UserError as error:
+        raise UserError(f"method '{method}': {error}") from None
 
 
 def init_from_task_gradient(task, model: nn.Module, data, gamma: float) -> None:
@@ -153,24 +206,59 @@ class LoRA(Method):
             "W x + B A x, as PEFT (less for large linear layers); the same function",
             choices=COMPUTES,
         ),
-        *REFINEMENT_OPTIONS,
+        GOAT_INIT,
+        GOAT_SCALING,
+        *REFINEMENT_OPTIONS[2:],
         Option(
             "objective",
             str,
             "plain",
             "'flat-lora': the loss at the merged weights perturbed by seeded noise (Flat-LoRA); 'plain': the loss",
             choices=OBJECTIVES,
+            requires={"flat-lora": {"init": PLAIN_INITS}},
         ),
         Option("flat_sigma", float, 0.05, "Flat-LoRA's relative noise size sigma (the authors' rho)"),
         *GOAT_OPTIONS,
     )
 
+    def __init__(self, **options: Any):
+        """The options, checked before any model is seen: GOAT's experts and the adapters' configuration."""
+        super().__init__(**options)
+        rank, experts, top_k = (self.config[name] for name in ("rank", "experts", "top_k"))
+        if self.config["init"] == "goat" and (experts < 1 or rank % experts):
+            raise UserError(f"method 'lora': --init goat splits --rank {rank} among --experts {experts}: give "
+                            "--experts that divides --rank")  # fmt: skip
+        if self.config["init"] == "goat" and not 1 <= top_k <= experts:
+            raise UserError(f"method 'lora': --top-k {top_k} must be in 1..{experts} (--experts): the experts each "
+                            "token is sent to")  # fmt: skip
+        self._config(targets=None, train=())
+
+    def _config(self, targets: list[str] | None, train: tuple[str, ...]) -> LoraConfig:
+        """What `prepare` applies (`checked_config`)."""
+        goat = self.config["init"] == "goat"
+        return checked_config(
+            self.name,
+            self.config,
+            targets=targets,
+            rank=self.config["rank"],
+            alpha=self.config["alpha"],
+            dropout=self.config["dropout"],
+            conv_rank=self.config["conv_rank"],
+            train=train,
+            compute="input" if goat else self.config["compute"],  # routed experts depend on the input
+            objective=self.config["objective"],
+            flat_sigma=self.config["flat_sigma"],
+            kind="goat" if goat else None,
+            experts=self.config["experts"] if goat else None,
+            top_k=self.config["top_k"],
+        )
+
     def check(self, task, data, model: nn.Module) -> None:
-        """The model declares LoRA target groups (and a head when ``--head train``); the targets exist."""
+        """The model declares LoRA target groups (and a head when ``--head train``); the adapters fit the targets."""
         super().check(task, data, model)
         if self.config["head"] == "train":
             require(model, self.name, "head")
-        target_names(model, self._targets(model))
+        check_config(model, self._config(self._targets(model), ()))
 
     def _targets(self, model: nn.Module) -> list[str] | None:
         """The ``targets`` option's entries (None: every declared group); GOAT without ``targets``: the linear layers
@@ -185,23 +273,7 @@ class LoRA(Method):
         train = ()
         if self.config["head"] == "train":
             train = (f"{require(model, self.name, 'head').head}.*",)
-        goat = self.config["init"] == "goat"
-        return apply(
-            model,
-            targets=self._targets(model),
-            rank=self.config["rank"],
-            alpha=self.config["alpha"],
-            dropout=self.config["dropout"],
-            conv_rank=self.config["conv_rank"],
-            train=train,
-            compute="input" if goat else self.config["compute"],  # routed experts depend on the input
-            **refinements(self.config),
-            objective=self.config["objective"],
-            flat_sigma=self.config["flat_sigma"],
-            kind="goat" if goat else None,
-            experts=self.config["experts"] if goat else None,
-            top_k=self.config["top_k"],
-        )
+        return apply_config(model, self._config(self._targets(model), train))
 
     def setup(self, task, model: nn.Module, data, seed: int) -> None:
         """LoRA-One (``--init lora-one``): the adapters from the task's full-batch gradient

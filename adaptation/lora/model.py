@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from workbench.adaptation.lora.config import LoraConfig
 from workbench.adaptation.lora.io import LoadReport, load_into, read_adapter, write_adapter
-from workbench.adaptation.lora.layer import DEFAULT, SUPPORTED, LoraLayer
+from workbench.adaptation.lora.layer import DEFAULT, SUPPORTED, LoraLayer, check_fits
 
 from workbench.checkpoint import check_state_fits, write_json
 from workbench.errors import UserError
@@ -133,6 +133,17 @@ def apply(
         top_k=top_k,
     )
     return apply_config(model, config)
+
+
+def check_config(model: nn.Module, config: LoraConfig) -> None:
+    """A `UserError` for what `apply_config` would refuse of ``config`` on ``model``'s targets (`check_fits`, the
+    targets' selection), leaving the model as it is: a method's ``check`` before the run directory appears."""
+    for target, module in _select_targets(model, config.targets):
+        base = module.base_layer if isinstance(module, LoraLayer) else module
+        try:
+            check_fits(base, config.adapter(config.rank_of(target, base)))
+        except UserError as error:
+            raise UserError(f"LoRA target '{target}': {error}") from None
 
 
 def apply_config(model: nn.Module, config: LoraConfig, name: str = DEFAULT) -> nn.Module:

@@ -100,6 +100,12 @@ class _BankMethod(Method):
         ),  # fmt: skip
     )
 
+    def __init__(self, **options):
+        """The options, checked before any model or bank is seen."""
+        super().__init__(**options)
+        if not 0 <= self.config.get("held_out", 0) < 1:  # every variant that leaves a share of the bank out
+            raise UserError(f"method '{self.name}': --held-out must be in [0, 1), got {self.config['held_out']}")
+
     def check(self, task: "Task", data: "TaskData", model: nn.Module) -> None:
         super().check(task, data, model)
         spec = require(model, self.name, *self.needs_model)
@@ -170,8 +176,6 @@ class _BankMethod(Method):
     def bank_split(self, n_entries: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         """(held-out, used) entry indices: ``held_out`` of the ``n_entries`` (at least one when above 0), drawn with
         ``seed``; every variant with the same seed uses the same entries."""
-        if not 0 <= self.config["held_out"] < 1:
-            raise UserError(f"method '{self.name}': --held-out must be in [0, 1), got {self.config['held_out']}")
         order = np.random.default_rng(seed).permutation(n_entries)
         n_held = max(1, round(self.config["held_out"] * n_entries)) if self.config["held_out"] > 0 else 0
         return order[:n_held], order[n_held:]
@@ -321,6 +325,17 @@ class PhysioPFM(_BankMethod):
         ),  # fmt: skip
     )
 
+    def __init__(self, **options):
+        """The generator's options, checked before any model or bank is seen."""
+        super().__init__(**options)
+        for name in ("iterations", "sampling_steps", "draws"):
+            if self.config[name] < 1:
+                raise UserError(f"method '{self.name}': --{name.replace('_', '-')} must be at least 1, got "
+                                f"{self.config[name]}")  # fmt: skip
+        if self.config["bank_size"] == 1 or self.config["bank_size"] < 0:
+            raise UserError(f"method '{self.name}': --bank-size must be 0 (every used entry) or at least 2 (the "
+                            f"generator needs 2), got {self.config['bank_size']}")  # fmt: skip
+
     def _cache_path(self, fit: np.ndarray, seed: int) -> Path | None:
         """Where the generator fitted on entries ``fit`` with ``seed`` and these settings is kept (None: no cache)."""
         if not self.config["generator_cache"]:
@@ -384,8 +399,6 @@ class PhysioPFM(_BankMethod):
         """``draws`` samples (draws, m, P) for ``conditions (m, C)`` (the regressor: one, it is deterministic)."""
         if self.config["generator"] != "diffusion":
             return self.generator.generate(conditions, seed=seed)[None]
-        if self.config["draws"] < 1:
-            raise UserError(f"method '{self.name}': --draws must be at least 1, got {self.config['draws']}")
         steps = self.config["sampling_steps"]
         return torch.stack([self.generator.generate(conditions, sampling_steps=steps, seed=seed * 1000 + k)
                             for k in range(self.config["draws"])])  # fmt: skip

@@ -55,6 +55,7 @@ from workbench.domains.atomistic.readers import (
 from workbench.domains.atomistic.units import EV_PER_ENERGY_UNIT
 from workbench.models.mace import atomic_numbers_of, set_atomic_energies, to_cueq
 
+from workbench import resampled_metrics
 from workbench.errors import UserError
 from workbench.options import Option
 from workbench.records import SkipReport
@@ -136,6 +137,7 @@ class Rmd17(Task):
     baselines = ("full", "readout", "mace-lora")
     capabilities = frozenset({"folds"})
     group_kind = "trajectory block"
+    item_kind = "frame"
     metrics = (
         "forces_mae_mev_per_a",
         "forces_rmse_mev_per_a",
@@ -313,9 +315,8 @@ class Rmd17(Task):
             "molecule": self.config["molecule"] if Path(raw.source).name.startswith("rmd17_") else None,
             "frames": {"train": len(train), "val": len(val), "test": len(test)},
         }
-        data = TaskData(
-            train_graphs, to_graphs(val, zs, r_max, dtype), to_graphs(test, zs, r_max, dtype), raw.source, summary
-        )
+        test_graphs = self._with_blocks(to_graphs(test, zs, r_max, dtype), raw.test_indices)
+        data = TaskData(train_graphs, to_graphs(val, zs, r_max, dtype), test_graphs, raw.source, summary)
         return data, {"e0s_ev": {str(z): e for z, e in e0s.items()}}
 
     def refit(self, model: nn.Module, data: TaskData) -> dict[str, Any] | None:
@@ -334,7 +335,15 @@ class Rmd17(Task):
     def test_samples(self, model: nn.Module, raw: LabelledSet) -> list[Any]:
         check_elements(raw.frames, atomic_numbers_of(model), raw.source)
         frames = [raw.frames[i] for i in raw.test_indices]
-        return to_graphs(frames, atomic_numbers_of(model), float(model.r_max), next(model.parameters()).dtype)
+        graphs = to_graphs(frames, atomic_numbers_of(model), float(model.r_max), next(model.parameters()).dtype)
+        return self._with_blocks(graphs, raw.test_indices)
+
+    def _with_blocks(self, graphs: list[Any], indices: np.ndarray) -> list[Any]:
+        """``graphs`` of the frames ``indices``, each told its trajectory block (``trajectory_block``, the group
+        `evaluate` hands to `rescore`)."""
+        for graph, index in zip(graphs, indices):
+            graph.trajectory_block = torch.tensor([int(index) // self.config["fold_block"]])
+        return graphs
 
     def restore(self, model: nn.Module, state: Mapping[str, Any]) -> None:
         set_atomic_energies(model, {int(z): float(e) for z, e in state["e0s_ev"].items()})
@@ -348,12 +357,15 @@ class Rmd17(Task):
         return self._loss(ref=batch, pred=out)
 
     def evaluate(self, model: nn.Module, samples: Sequence[Any], device) -> Evaluation:
-        """Energy [meV, meV/atom] and force-component [meV/Å] errors on ``samples``."""
+        """Energy [meV, meV/atom] and force-component [meV/Å] errors on ``samples``; the frames are the items, grouped
+        by trajectory block (each frame its own group where the samples do not say their block)."""
         energies, forces = predict(model, samples, device=device)
         ref_energies = np.array([float(g.energy) for g in samples])
         ref_forces = np.concatenate([g.forces.numpy() for g in samples])
         n_atoms = np.array([g.num_nodes for g in samples])
         forces = np.concatenate(forces)
+        blocks = [getattr(g, "trajectory_block", None) for g in samples]
+        groups = np.arange(len(samples)) if None in blocks else np.array([int(b) for b in blocks])
         de, df = (energies - ref_energies) * 1000, (forces - ref_forces) * 1000
         metrics = {
             "forces_mae_mev_per_a": float(np.abs(df).mean()),
@@ -369,8 +381,29 @@ class Rmd17(Task):
                 "energy_pred_ev": energies,
                 "forces_ref_ev_per_a": ref_forces,
                 "forces_pred_ev_per_a": forces,
+                "forces_frame": np.repeat(np.arange(len(samples)), n_atoms),  # (n_atoms_total,) the frame of each atom
             },
+            groups,
         )
+
+    def rescore(self, predictions: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
+        """`evaluate`'s errors over resampled frames; a frame drawn brings all its atoms' forces."""
+        counts = np.asarray(counts, np.float64)
+        frame = predictions["forces_frame"]
+        n_frames = counts.shape[1]
+        df = (predictions["forces_pred_ev_per_a"] - predictions["forces_ref_ev_per_a"]) * 1000
+        n_atoms = np.bincount(frame, minlength=n_frames).astype(np.float64)
+        components = counts @ (3 * n_atoms)
+        de = (predictions["energy_pred_ev"] - predictions["energy_ref_ev"]) * 1000
+        absolute, squared = (counts @ np.bincount(frame, v.sum(axis=1), n_frames) for v in (np.abs(df), df**2))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return {
+                "forces_mae_mev_per_a": absolute / components,
+                "forces_rmse_mev_per_a": np.sqrt(squared / components),
+                "energy_mae_mev": resampled_metrics.mean(np.abs(de), counts),
+                "energy_rmse_mev": np.sqrt(resampled_metrics.mean(de**2, counts)),
+                "energy_mae_mev_per_atom": resampled_metrics.mean(np.abs(de / n_atoms), counts),
+            }
 
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         return [plots.parity(evaluations, out_dir)]

@@ -66,6 +66,7 @@ from workbench.domains.ecg.readers import (
     read_record,
 )
 
+from workbench import resampled_metrics
 from workbench.errors import UserError, field_error
 from workbench.metrics import choose_thresholds, multilabel_scores
 from workbench.options import Option
@@ -90,11 +91,13 @@ CINC_SPLIT: dict[str, float] = {"train": 0.6, "val": 0.2, "test": 0.2}
 
 @dataclass
 class EcgSample:
-    """One record: ``ecg (12, n_samples)`` float32, ``labels (n_classes,)`` float32 multi-hot, its record id."""
+    """One record: ``ecg (12, n_samples)`` float32, ``labels (n_classes,)`` float32 multi-hot, its record id and its
+    patient (the record id where the data have no patient ids)."""
 
     ecg: np.ndarray
     labels: np.ndarray
     record: str
+    patient: str = ""
 
 
 @dataclass
@@ -116,7 +119,9 @@ class EcgSplits:
         if size is not None:
             index = index[np.sort((rng or np.random.default_rng()).permutation(len(index))[:size])]
         records = self.records
-        return [EcgSample(records.signals[i], records.labels[i], str(records.record_ids[i])) for i in index]
+        patients = records.record_ids if records.patients is None else records.patients
+        return [EcgSample(records.signals[i], records.labels[i], str(records.record_ids[i]), str(patients[i]))
+                for i in index]  # fmt: skip
 
     def class_counts(self, name: str) -> dict[str, int]:
         """Positive records per class in the split ``name``."""
@@ -140,6 +145,7 @@ class PtbXl(Task):
     capabilities = frozenset({"predict", "folds"})
     #: "patient" (PTB-XL's layout, the embedded set); "record" for CinC 2021 folders, which have no patient ids.
     group_kind = "patient"
+    item_kind = "record"
     #: ``distill`` learns from the model the chosen method adapted (a 12-lead student; ``--n-leads`` 3 or 1).
     baselines = ("full", "lora", "distill")
     metrics = ("macro_auroc", "macro_average_precision", "macro_f1")
@@ -351,7 +357,25 @@ class PtbXl(Task):
             thresholds = np.asarray(getattr(model, "ecg_thresholds", [0.5] * len(SUPERCLASSES)))
         truth, probabilities = self._predict(model, samples, device)
         metrics = multilabel_scores(truth, probabilities, thresholds, SUPERCLASSES)
-        return Evaluation(metrics, {"truth": truth, "probabilities": probabilities, "thresholds": thresholds})
+        groups = np.array([s.patient or s.record for s in samples])
+        return Evaluation(metrics, {"truth": truth, "probabilities": probabilities, "thresholds": thresholds}, groups)
+
+    def rescore(self, predictions: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
+        """`multilabel_scores` of resampled records (per-class AUROC only where the whole split defines it, as
+        there)."""
+        truth, probabilities = predictions["truth"], predictions["probabilities"]
+        auroc, precision = resampled_metrics.per_class_ranking(truth, probabilities, counts)
+        f1 = resampled_metrics.binary_f1(truth, probabilities >= predictions["thresholds"], counts)
+        scores = {
+            "macro_auroc": resampled_metrics.macro(auroc),
+            "macro_average_precision": resampled_metrics.macro(precision),
+            "macro_f1": f1.mean(axis=1),
+        }
+        for k, name in enumerate(SUPERCLASSES):
+            if 0 < truth[:, k].sum() < len(truth):
+                scores[f"auroc_{name.lower()}"] = auroc[:, k]
+            scores[f"f1_{name.lower()}"] = f1[:, k]
+        return scores
 
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         from workbench.domains.ecg import plots
@@ -416,8 +440,7 @@ class PtbXl(Task):
             f"sites: {records.site_counts()}",
             folds,
             f"without a superclass (not used): {len(records.unlabelled)}" + (f" ({unlabelled})" if unlabelled else ""),
-            records.skipped.headline() if records.skipped else "no record skipped",
-        ]
+        ]  # what was skipped: `workbench data info` prints ``self.skipped.summary()`` after this, for every task
         return "\n".join(lines)
 
     def pretrain(self, out: Path, **kwargs: Any) -> str:

@@ -94,6 +94,7 @@ from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, re
 from workbench.domains.splits import held_out_subjects, split_subjects
 from workbench.models.eeg import CHECKPOINTS
 
+from workbench import resampled_metrics
 from workbench.errors import UserError
 from workbench.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1, per_class_f1
 from workbench.model import spec_of
@@ -179,6 +180,7 @@ class EegTask(Task):
     default_method = "lora"
     capabilities = frozenset({"predict", "folds"})
     precisions = ("float32", "bf16", "fp16")  # bf16 / fp16: mixed-precision training steps
+    item_kind = "window"
     #: The shipped LaBraM backbone adapted when no --model is given (`workbench.domains.eeg.pretrain` makes it).
     pretrained: ClassVar[Path | None] = None
     #: Full fine-tuning, head only, and the classic nets trained from scratch.
@@ -524,7 +526,18 @@ class EegTask(Task):
             "subject_index": np.array([subjects.index(s.subject) for s in samples], np.int64),
             "onsets_s": np.array([s.onset_s for s in samples], np.float64),
         }
-        return Evaluation(metrics, predictions)
+        by_record = self.config["split_by"] == "record"
+        return Evaluation(metrics, predictions, np.array([s.record if by_record else s.subject for s in samples]))
+
+    def rescore(self, predictions: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
+        """`evaluate`'s label metrics of resampled windows (kappa 0 where truth and prediction are one class)."""
+        n_classes = predictions["probabilities"].shape[1]
+        matrices = resampled_metrics.confusion(predictions["truth"], predictions["predicted"], counts, n_classes)
+        scores = resampled_metrics.label_scores(matrices)
+        metrics = {name: scores[name] for name in ("balanced_accuracy", "cohen_kappa", "macro_f1", "accuracy")}
+        metrics["cohen_kappa"] = np.nan_to_num(metrics["cohen_kappa"], nan=0.0)
+        metrics.update({f"f1_{name}": scores["f1"][:, k] for k, name in enumerate(self._classes(n_classes))})
+        return metrics
 
     def _classes(self, n_classes: int) -> tuple[str, ...]:
         """The class names of the data read (the generic ``0, 1, ...`` before any read)."""

@@ -33,6 +33,7 @@ from workbench.domains.features.partial_da import make_partial_da
 from workbench.domains.features.readers import FeatureSet, ShiftProblem, read_feature_pair
 from workbench.models.mlp import FeatureNet
 
+from workbench import resampled_metrics
 from workbench.errors import UserError
 from workbench.metrics import classification_scores
 from workbench.options import Option
@@ -76,6 +77,7 @@ class FeatureShift(Task):
     default_method = "warmpot"
     capabilities = frozenset({"target_pool", "folds"})
     group_kind = "target row"
+    item_kind = "target row"
     baselines = ("pada", "full", "oracle")
     metrics = ("accuracy", "balanced_accuracy", "macro_f1")
     metrics_note = (
@@ -308,10 +310,28 @@ class FeatureShift(Task):
                 "mae": float(np.mean(np.abs(error))),
                 "r2": float(1 - np.sum(error**2) / np.sum((truth - truth.mean()) ** 2)),
             }
-            return Evaluation(metrics, {"truth": truth, "predicted": predicted, "x": batch.x.cpu().numpy()})
+            predictions = {"truth": truth, "predicted": predicted, "x": batch.x.cpu().numpy()}
+            return Evaluation(metrics, predictions, self.sample_ids(samples))
         probabilities = torch.softmax(output, dim=-1).numpy()
         predicted = probabilities.argmax(-1)
-        return Evaluation(classification_scores(truth, predicted), {"truth": truth, "probabilities": probabilities})
+        predictions = {"truth": truth, "probabilities": probabilities}
+        return Evaluation(classification_scores(truth, predicted), predictions, self.sample_ids(samples))
+
+    def rescore(self, predictions: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
+        """`evaluate`'s metrics of resampled target rows (independent rows: each its own group)."""
+        truth = predictions["truth"]
+        if "probabilities" not in predictions:  # regression
+            error = predictions["predicted"] - truth
+            centre = resampled_metrics.mean(truth, counts)
+            spread = (np.asarray(counts, np.float64) * (truth[None, :] - centre[:, None]) ** 2).sum(axis=1)
+            mse = resampled_metrics.mean(error**2, counts)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r2 = 1 - mse * counts.sum(axis=1) / spread
+            return {"mse": mse, "mae": resampled_metrics.mean(np.abs(error), counts), "r2": r2}
+        probabilities = predictions["probabilities"]
+        matrices = resampled_metrics.confusion(truth, probabilities.argmax(-1), counts, probabilities.shape[1])
+        scores = resampled_metrics.label_scores(matrices)
+        return {name: scores[name] for name in ("accuracy", "balanced_accuracy", "macro_f1")}
 
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         if "probabilities" in next(iter(evaluations.values())).predictions:

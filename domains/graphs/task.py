@@ -41,6 +41,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -49,6 +50,7 @@ from workbench.domains.graphs.graph import Graph, describe, homophily
 from workbench.domains.graphs.readers import GraphPair, read_graph_pair
 from workbench.models.graph import GraphNet
 
+from workbench import resampled_metrics
 from workbench.errors import UserError
 from workbench.metrics import classification_scores
 from workbench.options import Option
@@ -127,6 +129,7 @@ class CSBMTask(Task):
     default_method = "homophily"
     capabilities = frozenset({"target_pool", "folds"})
     group_kind = "target node"
+    item_kind = "target node"
     baselines = ("mixed-filters", "full@gcn", "full@graph-mlp", "udagcn@gcn")
     metrics = ("accuracy", "macro_f1", "source_accuracy")
     metrics_note = (
@@ -342,7 +345,17 @@ class CSBMTask(Task):
             "balanced_accuracy": scores["balanced_accuracy"],
             "predicted_target_homophily": homophily(batch.target.to("cpu"), predicted)["edge"],
         }
-        return Evaluation(metrics, {"truth": truth, "probabilities": probabilities[known].numpy()})
+        predictions = {"truth": truth, "probabilities": probabilities[known].numpy()}
+        return Evaluation(metrics, predictions, np.arange(len(truth)))
+
+    def rescore(self, predictions: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
+        """Accuracy, macro F1 and balanced accuracy of resampled labelled target nodes (each its own group); the
+        source's accuracy and the predicted homophily are not scores of the target's nodes."""
+        probabilities = predictions["probabilities"]
+        predicted = probabilities.argmax(-1)
+        matrices = resampled_metrics.confusion(predictions["truth"], predicted, counts, probabilities.shape[1])
+        scores = resampled_metrics.label_scores(matrices)
+        return {name: scores[name] for name in ("accuracy", "macro_f1", "balanced_accuracy")}
 
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         from workbench.domains.graphs.plots import accuracy_bars

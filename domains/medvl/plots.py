@@ -46,9 +46,12 @@ def scores_by_method(evaluations: Mapping[str, Evaluation], out_dir: Path) -> st
 
 
 def generated_images(evaluations: Mapping[str, Evaluation], out_dir: Path, examples: int = 2) -> str | None:
-    """Per generation sub-task, ``examples`` test records: input, target, then each method's output (grey, [0, 1]).
+    """Per generation sub-task, ``examples`` test records: the input and target slices, then each method's output,
+    grey on [0, 1], one image pixel per drawn pixel block (no smoothing), each output titled with its SSIM to the
+    target; the title gives the image tokenizer's own SSIM (``ssim_vq_ceiling``), the best any output can reach.
 
-    Shapes: predictions ``input_<task>``, ``target_<task>``, ``generated_<task>`` (n, 1, S, S).
+    Shapes: predictions ``input_<task>``, ``target_<task>``, ``generated_<task>`` (n, 1, S, S), ``ssim_each_<task>``
+    (n_all,) whose first n belong to those images.
     """
     methods = list(evaluations)
     first = evaluations[methods[0]].predictions
@@ -57,20 +60,26 @@ def generated_images(evaluations: Mapping[str, Evaluation], out_dir: Path, examp
         return None
     columns = ["input", "target"] + methods
     rows = [(task, i) for task in tasks for i in range(min(examples, len(first[f"target_{task}"])))]
-    fig = Figure(figsize=(1.25 * len(columns), 1.3 * len(rows) + 0.3))
+    fig = Figure(figsize=(1.45 * len(columns), 1.55 * len(rows) + 0.5))
     axes = np.atleast_2d(fig.subplots(len(rows), len(columns)))
     for r, (task, i) in enumerate(rows):
         pictures = [first[f"input_{task}"][i], first[f"target_{task}"][i]]
         pictures += [evaluations[m].predictions[f"generated_{task}"][i] for m in methods]
         for c, picture in enumerate(pictures):
             ax = axes[r, c]
-            ax.imshow(np.asarray(picture)[0], cmap="gray", vmin=0, vmax=1)
+            ax.imshow(np.asarray(picture)[0], cmap="gray", vmin=0, vmax=1, interpolation="nearest", aspect="equal")
             ax.set_xticks([])
             ax.set_yticks([])
-            if r == 0:
-                ax.set_title(columns[c], fontsize=7)
+            title = columns[c] if r == 0 else ""
+            if c >= 2 and f"ssim_each_{task}" in evaluations[columns[c]].predictions:
+                ssim = float(evaluations[columns[c]].predictions[f"ssim_each_{task}"][i])
+                title = f"{title}\nSSIM {ssim:.2f}".lstrip("\n")
+            ax.set_title(title, fontsize=7)
             if c == 0:
                 ax.set_ylabel(task.replace("_", " "), fontsize=7)
+    ceiling = evaluations[methods[0]].metrics.get("ssim_vq_ceiling")
+    if ceiling is not None:
+        fig.suptitle(f"outputs are decoded image tokens: the tokenizer alone reaches SSIM {ceiling:.2f}", fontsize=8)
     fig.tight_layout()
     fig.savefig(out_dir / "generated.png", dpi=110)
     return "generated.png"

@@ -75,6 +75,7 @@ from workbench.domains.medvl.readers import (
 )
 from workbench.models.medvl import KINDS, UNK, MedVLConfig
 
+from workbench import resampled_metrics
 from workbench.errors import UserError
 from workbench.model import spec_of
 from workbench.options import Option
@@ -158,6 +159,7 @@ class MedVLTask(Task):
     baselines = ()
     capabilities = frozenset({"folds"})
     group_kind = "subject or image"
+    item_kind = "record"
     metrics = ("closed_accuracy", "open_recall", "report_f1", "ssim", "psnr_db")
     metrics_note = (
         "Scores on the test records, higher is better: closed-VQA accuracy, open-answer recall, findings F1 of the "
@@ -420,8 +422,13 @@ class MedVLTask(Task):
         if "report" in by_task:
             metrics["report_f1"] = _findings_f1([(i.answer, a) for i, a in by_task["report"]])
         scores = [_score(item, answer) for item, answer in zip(comprehension, answers)]
+        position = {id(item): i for i, item in enumerate(samples)}  # the item order of `rescore`
         predictions["answer_scores"] = np.array(scores, np.float64)  # per record: correct, recall or findings F1
         predictions["answer_task"] = np.array([COMPREHENSION_TASKS.index(i.task) for i in comprehension], np.int64)
+        predictions["answer_item"] = np.array([position[id(i)] for i in comprehension], np.int64)
+        found = [_findings_counts(i.answer, a) if i.task == "report" else (0, 0, 0)
+                 for i, a in zip(comprehension, answers)]  # fmt: skip
+        predictions["report_counts"] = np.array(found, np.float64).reshape(-1, 3)  # findings tp, fp, fn per answer
         ssim_all, psnr_all = [], []
         for task in GENERATION_TASKS:
             chosen = [item for item in samples if item.task == task and item.target is not None]
@@ -435,9 +442,13 @@ class MedVLTask(Task):
                 targets.append(torch.stack([item.target for item in chunk]))
                 inputs.append(images.cpu())
             made, target = torch.cat(made).clamp(0, 1), torch.cat(targets)
-            ssim = float(structural_similarity_index_measure(made, target, data_range=1.0))
+            each = structural_similarity_index_measure(made, target, data_range=1.0, reduction="none")
+            ssim = float(each.mean())
             psnr = float(peak_signal_noise_ratio(made, target, data_range=1.0))
             key = task.replace("-", "_")
+            predictions[f"ssim_each_{key}"] = each.double().numpy()  # (n_images,) and their mean squared errors
+            predictions[f"mse_each_{key}"] = ((made.double() - target.double()) ** 2).flatten(1).mean(1).numpy()
+            predictions[f"item_{key}"] = np.array([position[id(i)] for i in chosen], np.int64)
             metrics[f"ssim_{key}"], metrics[f"psnr_db_{key}"] = ssim, psnr
             ssim_all.append(ssim)
             psnr_all.append(psnr)
@@ -449,7 +460,39 @@ class MedVLTask(Task):
                 metrics["ssim_vq_ceiling"] = float(structural_similarity_index_measure(ceiling, target, data_range=1.0))
         if ssim_all:
             metrics["ssim"], metrics["psnr_db"] = float(np.mean(ssim_all)), float(np.mean(psnr_all))
-        return Evaluation(metrics, predictions)
+        return Evaluation(metrics, predictions, np.array([item.group for item in samples]))
+
+    def rescore(self, predictions: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
+        """`evaluate`'s scores of resampled records: closed accuracy and open recall (means of the records'
+        scores), report F1 (micro, from the reports' summed findings counts), SSIM (mean per image) and PSNR (of the
+        mean squared error over the images) per generation sub-task and their means; the VQ ceiling is the
+        tokenizer's, not the model's."""
+        counts = np.asarray(counts, np.float64)
+        drawn = counts[:, predictions["answer_item"]]
+        metrics: dict[str, np.ndarray] = {}
+        for name, task in (("closed_accuracy", "vqa-closed"), ("open_recall", "vqa-open")):
+            chosen = predictions["answer_task"] == COMPREHENSION_TASKS.index(task)
+            if chosen.any():
+                metrics[name] = resampled_metrics.mean(predictions["answer_scores"][chosen], drawn[:, chosen])
+        reports = predictions["answer_task"] == COMPREHENSION_TASKS.index("report")
+        if reports.any():
+            tp, fp, fn = (drawn[:, reports] @ predictions["report_counts"][reports]).T
+            with np.errstate(divide="ignore", invalid="ignore"):
+                f1 = np.where(tp + fp + fn == 0, 1.0, 2 * tp / (2 * tp + fp + fn))
+            metrics["report_f1"] = np.where(drawn[:, reports].sum(axis=1) > 0, f1, np.nan)
+        ssim, psnr = [], []
+        for task in GENERATION_TASKS:
+            key = task.replace("-", "_")
+            if f"item_{key}" not in predictions:
+                continue
+            images = counts[:, predictions[f"item_{key}"]]
+            ssim.append(resampled_metrics.mean(predictions[f"ssim_each_{key}"], images))
+            with np.errstate(divide="ignore"):
+                psnr.append(-10 * np.log10(resampled_metrics.mean(predictions[f"mse_each_{key}"], images)))
+            metrics[f"ssim_{key}"], metrics[f"psnr_db_{key}"] = ssim[-1], psnr[-1]
+        if ssim:
+            metrics["ssim"], metrics["psnr_db"] = (resampled_metrics.macro(np.stack(v, axis=1)) for v in (ssim, psnr))
+        return metrics
 
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         from workbench.domains.medvl.plots import generated_images, scores_by_method
@@ -559,10 +602,14 @@ def _score(item: VlItem, answer: str) -> float:
     return _findings_f1([(item.answer, answer)])
 
 
+def _findings_counts(reference: str, answer: str) -> tuple[int, int, int]:
+    """(true positive, false positive, false negative) findings of a generated report against its reference."""
+    truth, made = report_findings(reference), report_findings(answer)
+    return len(truth & made), len(made - truth), len(truth - made)
+
+
 def _findings_f1(pairs: Sequence[tuple[str, str]]) -> float:
     """Micro F1 of the findings parsed from reference and generated reports (1.0 when both name none)."""
-    tp = fp = fn = 0
-    for reference, answer in pairs:
-        truth, made = report_findings(reference), report_findings(answer)
-        tp, fp, fn = tp + len(truth & made), fp + len(made - truth), fn + len(truth - made)
-    return 1.0 if tp + fp + fn == 0 else 2 * tp / (2 * tp + fp + fn)
+    counts = [_findings_counts(reference, answer) for reference, answer in pairs]
+    tp, fp, fn = np.array(counts, np.int64).reshape(-1, 3).sum(axis=0)
+    return 1.0 if tp + fp + fn == 0 else float(2 * tp / (2 * tp + fp + fn))

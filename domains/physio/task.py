@@ -71,6 +71,7 @@ from workbench.domains.physio.beats import (
 from workbench.domains.splits import held_out_subjects, split_subjects
 from workbench.models.physio import BACKBONE_RATE_HZ
 
+from workbench import resampled_metrics
 from workbench.errors import UserError
 from workbench.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1, per_class_recall
 from workbench.model import spec_of
@@ -147,6 +148,7 @@ class Physio(Task):
     default_method = "physiopfm"
     capabilities = frozenset({"predict", "folds"})
     group_kind = "patient"
+    item_kind = "beat"
     baselines = ("full", "readout")
     metrics = ("balanced_accuracy", "accuracy", "macro_f1", "cohen_kappa") + tuple(f"recall_{c}" for c in CLASSES)
     metrics_note = (
@@ -358,7 +360,18 @@ class Physio(Task):
         }
         recall = per_class_recall(truth, predicted, labels=range(len(CLASSES)))
         metrics.update({f"recall_{c}": float(0.0 if np.isnan(r) else r) for c, r in zip(CLASSES, recall)})
-        return Evaluation(metrics, {"truth": truth, "predicted": predicted, "probabilities": probabilities})
+        predictions = {"truth": truth, "predicted": predicted, "probabilities": probabilities}
+        return Evaluation(metrics, predictions, np.array([s.subject for s in samples]))
+
+    def rescore(self, predictions: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
+        """`evaluate`'s metrics of resampled beats (kappa, and the recall of a class absent from a resample, 0 as
+        there)."""
+        matrices = resampled_metrics.confusion(predictions["truth"], predictions["predicted"], counts, len(CLASSES))
+        scores = resampled_metrics.label_scores(matrices)
+        metrics = {name: scores[name] for name in ("balanced_accuracy", "accuracy", "macro_f1")}
+        metrics["cohen_kappa"] = np.nan_to_num(scores["cohen_kappa"], nan=0.0)
+        metrics.update({f"recall_{c}": np.nan_to_num(scores["recall"][:, k], nan=0.0) for k, c in enumerate(CLASSES)})
+        return metrics
 
     def figures(self, evaluations: Mapping[str, Evaluation], out_dir: Path) -> list[tuple[str, str]]:
         from workbench.domains.plots import confusion_matrices

@@ -57,4 +57,10 @@ class ToyShift(Task):
         with torch.no_grad():
             x, y = self.collate(samples, device)
             prediction = model.eval()(x)[:, 0]
-        return Evaluation({"mse": float(F.mse_loss(prediction, y))}, {"prediction": prediction.numpy()})
+        predictions = {"prediction": prediction.numpy(), "truth": y.numpy()}
+        return Evaluation({"mse": float(F.mse_loss(prediction, y))}, predictions, groups=np.arange(len(samples)))
+
+    def rescore(self, predictions, counts):
+        """The mean squared error of each resample of the test items (``counts`` (n_resamples, n_items))."""
+        squared = (predictions["prediction"].astype(np.float64) - predictions["truth"]) ** 2
+        return {"mse": counts @ squared / counts.sum(axis=1)}
