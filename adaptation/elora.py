@@ -33,11 +33,17 @@ Initialisation as the authors': ``A ~ N(0, 1)``, ``B = 0``, so the adapted model
 the base model.
 
 The LoRA refinements that act in weight space, block by block, keep equivariance and are options of `apply` and of
-the method (`workbench.adaptation.elora_refinements`): PiSSA and LoRA-One initialisation (``init``), rsLoRA's scale
-(``scaling``), RepLoRA's MLP of each block's factors (``reparam``), DoRA's magnitude per output unit of each block
-(``dora``) and Flat-LoRA's per-unit noise on the adapted weights (`perturbed`, ``objective="flat-lora"``). GOAT's
-token-routed experts would gate on non-scalar features and mix irreps components: refused. On cuEquivariance's
-symmetric contraction only ``scaling`` is built.
+the method: PiSSA and LoRA-One initialisation (``init``), rsLoRA's scale (``scaling``), RepLoRA's MLP of each block's
+factors (``reparam``), DoRA's magnitude per output unit of each block (``dora``) and Flat-LoRA's per-unit noise on the
+adapted weights (`perturbed`, ``objective="flat-lora"``). They are the LoRA layer's own variant objects
+(`workbench.adaptation.lora.variants`), applied by `BlockLowRank` to each block: a variant acts on one block's factor
+pair or on its output units and never mixes blocks, and any value of a block keeps the model equivariant. "Output
+units" and "fan-in" read each block as ``(groups, fan_in, out)``: an e3nn path ``(mul_in [· mul_in2], mul_out)`` and a
+radial layer ``(h_in, h_out)`` are one group; MACE's contraction ``(n_elements, n_params, channels)`` has one group per
+element (each atom uses its element's weight alone); ``torch.nn.Linear``'s ``(out, in)`` weight is read transposed.
+ELoRA's ``A_i (rows, r)`` plays LoRA's ``B`` and ``B_i (r, cols)`` LoRA's ``A``. GOAT's token-routed experts would gate
+on non-scalar features and mix irreps components: refused (`GOAT_REFUSAL`). On cuEquivariance's symmetric
+contraction only ``scaling`` is built.
 
 `merge` folds the updates into the weights and returns a plain model; it removes ELoRA's own parametrizations only,
 and a model's other parametrizations stay as they are.
@@ -62,6 +68,7 @@ import dataclasses
 import math
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -69,12 +76,14 @@ from e3nn import o3
 from e3nn.nn._fc import _Layer as RadialLayer
 from torch import nn
 from torch.nn.utils import parametrize
-from workbench.adaptation.elora_refinements import BlockLowRank, check_refinements, scale_of
-from workbench.adaptation.lora.config import OBJECTIVES
+from workbench.adaptation.lora.config import AdapterConfig
 from workbench.adaptation.lora.flat import flat_stage
 from workbench.adaptation.lora.io import load_into, read_adapter, write_adapter
 from workbench.adaptation.lora.method import GRADIENT_CHUNK, REFINEMENT_OPTIONS, LoRA
 from workbench.adaptation.lora.model import mean_gradients
+from workbench.adaptation.lora.variants import variants_for
+from workbench.adaptation.lora.variants.flat_lora import FlatLoRA, unit_noise
+from workbench.adaptation.lora.variants.lora_one import LoraOne
 
 from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
@@ -93,34 +102,120 @@ except ImportError:
     cue = cuet = None
 
 
+#: ``init`` choices on ELoRA: ELoRA's own (``"kaiming"``, the name LoRA's options use for their default: here the
+#: authors' ``A ~ N(0, 1)``, ``B = 0``), PiSSA and LoRA-One.
+ELORA_INITS = ("kaiming", "pissa", "lora-one")
+
+GOAT_REFUSAL = (
+    "GOAT on ELoRA is refused: GOAT is a mixture of LoRA experts routed token by token by gates computed from the "
+    "input features, so its update depends on the input; on an equivariant model those features carry non-scalar "
+    "irreps (l >= 1), so the gates change under rotation and the routed update mixes irreps components, which breaks "
+    "equivariance (ELoRA's updates are fixed per-path weight values). Use the lora method on a non-equivariant model, "
+    "or ELoRA with --init kaiming, pissa or lora-one"
+)
+
+
+class BlockLowRank(nn.Module):
+    """ELoRA's adapter of one weight, block by block: ``M_i + scale · (A_i B_i) / d_i``, refined by the LoRA variants
+    of its `AdapterConfig` (module doc).
+
+    A subclass holds the factors and says how its weight splits into blocks: `pairs` (the free factors of each block
+    as ``(rows, r)``, ``(r, cols)`` views), `divisors` ``d_i`` (``n_params`` for the contraction, else 1), `blocks`
+    (a weight-shaped tensor → each block as a ``(rows, cols)`` matrix view), `assemble` (the inverse) and `units`
+    (a block matrix → ``(groups, fan_in, out)``) with `from_units`; then it calls `_add_variants`.
+
+    Attributes:
+        perturbation: Flat-LoRA's noise in the weight's shape while `perturbed` holds it (added to the adapted
+            weight), else None.
+    """
+
+    divisors: list[float]
+
+    def _add_variants(self, config: AdapterConfig) -> None:
+        """Scale and the variants' parameters (drawn in the variants' order, after the factors)."""
+        self.scale = config.scale
+        self.perturbation: torch.Tensor | None = None
+        self.variants = variants_for(config)
+        for variant in self.variants:
+            variant.add_to_blocks(self)
+
+    def pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        raise NotImplementedError
+
+    def blocks(self, weight: torch.Tensor) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def assemble(self, blocks: list[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def units(self, index: int, block: torch.Tensor) -> torch.Tensor:
+        """Block ``index`` ``(rows, cols)`` as ``(groups, fan_in, out)`` (default: one group, columns are outputs)."""
+        return block[None]
+
+    def from_units(self, index: int, units: torch.Tensor) -> torch.Tensor:
+        return units[0]
+
+    def factors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The ``(A_i, B_i)`` each block computes with: the free factors as the variants make them."""
+        pairs = self.pairs()
+        for variant in self.variants:
+            pairs = variant.block_factors(self, pairs)
+        return pairs
+
+    def deltas(self) -> list[torch.Tensor]:
+        """``scale · A_i B_i / d_i`` of each block, ``(rows, cols)``."""
+        return [self.scale * (a @ b) / d for (a, b), d in zip(self.factors(), self.divisors)]
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        adapted = weight + self.assemble(self.deltas())
+        for variant in self.variants:
+            adapted = variant.adapt_blocks(self, adapted)
+        return adapted if self.perturbation is None else adapted + self.perturbation
+
+    def set_factors(self, index: int, left: torch.Tensor, right: torch.Tensor) -> None:
+        """Block ``index``'s free factors from the ``left @ right`` its delta is to be (times ``d_i`` in ``A``)."""
+        a, b = self.pairs()[index]
+        with torch.no_grad():
+            a.copy_(left * self.divisors[index])
+            b.copy_(right)
+
+    def init_weights(self, original: torch.Tensor) -> None:
+        """A variant's init of every block from the stored base weight ``original`` (PiSSA's, which leaves the
+        residual in ``original``), then `after_factors`; ELoRA's own init stands otherwise."""
+        if [variant for variant in self.variants if variant.init_blocks(self, original)]:
+            self.after_factors(original)
+
+    def after_factors(self, original: torch.Tensor) -> None:
+        """The variants' parameters that follow the factors (DoRA's magnitudes), at the stored base ``original``."""
+        for variant in self.variants:
+            variant.after_block_factors(self, original)
+
+    def noise(self, adapted: torch.Tensor, sigma: float, generator: torch.Generator) -> torch.Tensor:
+        """Flat-LoRA's ``ε`` for the adapted weight ``adapted`` (detached), drawn block by block in the weight's order
+        over each block's output units (`workbench.adaptation.lora.variants.flat_lora.unit_noise`)."""
+        out = []
+        for i, block in enumerate(self.blocks(adapted.detach())):
+            out.append(self.from_units(i, unit_noise(self.units(i, block), sigma, generator)))
+        return self.assemble(out)
+
+
 class PathLowRank(BlockLowRank):
     """Per-path low-rank update of a flat e3nn weight (``o3.Linear``, ``o3.TensorProduct``).
 
     Args:
         path_shapes: block shape of each weighted path, in the weight's order (``(mul_in, mul_out)``
             for ``o3.Linear``, ``(u, v, w)`` for a ``uvw`` tensor product).
-        rank, alpha: LoRA rank ``r`` and scale ``alpha`` (the update is multiplied by ``alpha / r``, or
-            ``alpha / sqrt(r)`` with ``scaling="rslora"``).
-        scaling, reparam, dora: the refinements (`workbench.adaptation.elora_refinements`).
+        config: rank ``r``, scale and refinements (`AdapterConfig`; its variants act on each path's block).
 
     Shapes:
         weight ``(sum_p prod(path_shape_p),)`` -> same; block ``p`` is ``(prod(path_shape_p[:-1]), path_shape_p[-1])``.
     """
 
-    def __init__(
-        self,
-        path_shapes: list[tuple[int, ...]],
-        rank: int,
-        alpha: float,
-        dtype: torch.dtype,
-        device: torch.device,
-        scaling: str = "standard",
-        reparam: str = "none",
-        dora: bool = False,
-    ):
+    def __init__(self, path_shapes: list[tuple[int, ...]], config: AdapterConfig, dtype: torch.dtype,
+                 device: torch.device):  # fmt: skip
         super().__init__()
         self.shapes = [(math.prod(shape[:-1]), shape[-1]) for shape in path_shapes]
-        ranks = [min(rank, rows, cols) for rows, cols in self.shapes]
+        ranks = [min(config.rank, rows, cols) for rows, cols in self.shapes]
         self.A = nn.ParameterList(
             [nn.Parameter(torch.randn(rows, r, dtype=dtype, device=device)) for (rows, _), r in zip(self.shapes, ranks)]
         )
@@ -128,7 +223,7 @@ class PathLowRank(BlockLowRank):
             [nn.Parameter(torch.zeros(r, cols, dtype=dtype, device=device)) for (_, cols), r in zip(self.shapes, ranks)]
         )
         self.divisors = [1.0] * len(self.shapes)
-        self._setup_refinements(scaling, reparam, dora, alpha, rank)
+        self._add_variants(config)
 
     def pairs(self):
         return list(zip(self.A, self.B))
@@ -150,25 +245,15 @@ class DenseLowRank(BlockLowRank):
         weight ``(rows, cols)`` -> same; ``A (rows, r)``, ``B (r, cols)``.
     """
 
-    def __init__(
-        self,
-        shape: tuple[int, int],
-        rank: int,
-        alpha: float,
-        dtype: torch.dtype,
-        device: torch.device,
-        scaling: str = "standard",
-        reparam: str = "none",
-        dora: bool = False,
-        outputs_first: bool = False,
-    ):
+    def __init__(self, shape: tuple[int, int], config: AdapterConfig, dtype: torch.dtype, device: torch.device,
+                 outputs_first: bool = False):  # fmt: skip
         super().__init__()
-        rank_used = min(rank, *shape)
+        rank_used = min(config.rank, *shape)
         self.outputs_first = outputs_first
         self.A = nn.Parameter(torch.randn(shape[0], rank_used, dtype=dtype, device=device))
         self.B = nn.Parameter(torch.zeros(rank_used, shape[1], dtype=dtype, device=device))
         self.divisors = [1.0]
-        self._setup_refinements(scaling, reparam, dora, alpha, rank)
+        self._add_variants(config)
 
     def pairs(self):
         return [(self.A, self.B)]
@@ -197,25 +282,15 @@ class ElementLowRank(BlockLowRank):
         element, ``B (r, channels)`` shared by all elements.
     """
 
-    def __init__(
-        self,
-        shape: tuple[int, int, int],
-        rank: int,
-        alpha: float,
-        dtype: torch.dtype,
-        device: torch.device,
-        scaling: str = "standard",
-        reparam: str = "none",
-        dora: bool = False,
-    ):
+    def __init__(self, shape: tuple[int, int, int], config: AdapterConfig, dtype: torch.dtype, device: torch.device):
         super().__init__()
         self.shape = shape
         n_elements, self.n_params, channels = shape
-        rank_used = min(rank, n_elements * self.n_params, channels)
+        rank_used = min(config.rank, n_elements * self.n_params, channels)
         self.A = nn.Parameter(torch.randn(n_elements, self.n_params, rank_used, dtype=dtype, device=device))
         self.B = nn.Parameter(torch.zeros(rank_used, channels, dtype=dtype, device=device))
         self.divisors = [float(self.n_params)]
-        self._setup_refinements(scaling, reparam, dora, alpha, rank)
+        self._add_variants(config)
 
     def pairs(self):
         return [(self.A.view(-1, self.A.shape[-1]), self.B)]
@@ -251,17 +326,15 @@ class ContractionLowRank(nn.Module):
         blocks: list[tuple[bool, int]],
         shape: tuple[int, int, int],
         projection: torch.Tensor | None,
-        rank: int,
-        alpha: float,
+        config: AdapterConfig,
         train_lower_order: bool,
         dtype: torch.dtype,
         device: torch.device,
-        scaling: str = "standard",
     ):
         super().__init__()
         n_elements, _, channels = shape
         self.blocks = blocks
-        self.scale = scale_of(alpha, rank, scaling)
+        self.scale, rank = config.scale, config.rank
         self.A, self.B, self.D = nn.ParameterList(), nn.ParameterList(), nn.ParameterList()
         for highest, n_params in blocks:
             if highest:
@@ -358,17 +431,24 @@ def _targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str]]:
                 yield module, "weights_max", "element"
 
 
-def check_arguments(
-    rank: int, init: str, scaling: str, reparam: str, dora: bool, objective: str, flat_sigma: float
-) -> None:
-    """A `UserError` for `apply` arguments that no model can take (before any model is seen)."""
+def adapter_config(
+    rank: int, alpha: float, init: str, scaling: str, reparam: str, dora: bool, objective: str, flat_sigma: float
+) -> AdapterConfig:
+    """The `AdapterConfig` whose variants every block takes; a `UserError` for `apply` arguments that no model can
+    take (before any model is seen): GOAT (`GOAT_REFUSAL`), an init not in `ELORA_INITS`, and what the variants
+    refuse (their own checks, as for LoRA layers)."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise UserError(f"ELoRA rank must be a positive integer, got {rank}")
-    check_refinements(init, scaling, reparam, dora)
-    if objective not in OBJECTIVES:
-        raise UserError(f"ELoRA objective must be one of {OBJECTIVES}, got {objective!r}")
-    if isinstance(flat_sigma, bool) or not isinstance(flat_sigma, (int, float)) or not flat_sigma >= 0:
-        raise UserError(f"ELoRA flat_sigma must be a number >= 0, got {flat_sigma!r}")
+    if "goat" in (init, scaling):
+        raise UserError(GOAT_REFUSAL)
+    if init not in ELORA_INITS:
+        raise UserError(f"ELoRA init must be one of {ELORA_INITS}, got {init!r}")
+    try:
+        config = AdapterConfig(rank, alpha, init=init, scaling=scaling, dora=dora, reparam=reparam)
+        FlatLoRA.check_training(SimpleNamespace(objective=objective, flat_sigma=flat_sigma, kind=config.kind))
+    except UserError as error:
+        raise UserError(f"ELoRA: {error}") from None
+    return config
 
 
 def apply(
@@ -399,10 +479,10 @@ def apply(
         objective: ``"plain"`` or ``"flat-lora"`` (how the `ELoRA` method trains; recorded in the adapter file).
         flat_sigma: Flat-LoRA's relative noise size ``σ`` (default 0.05).
 
-    See `workbench.adaptation.elora_refinements` for the refinements; GOAT (token-routed experts) is refused.
+    The refinements are the LoRA variants, per block (module doc); GOAT (token-routed experts) is refused.
     cuEquivariance's symmetric contraction takes ``scaling`` only.
     """
-    check_arguments(rank, init, scaling, reparam, dora, objective, flat_sigma)
+    config = adapter_config(rank, alpha, init, scaling, reparam, dora, objective, flat_sigma)
     if _adapted(model):
         raise UserError("this model already carries ELoRA adapters; merge them first (elora.merge)")
     targets = list(_targets(model))
@@ -420,35 +500,7 @@ def apply(
         )
     model.requires_grad_(False)
     for module, attribute, kind in targets:
-        weight = getattr(module, attribute)
-        kwargs = dict(rank=rank, alpha=alpha, dtype=weight.dtype, device=weight.device, scaling=scaling)
-        refinements = dict(reparam=reparam, dora=dora)
-        if kind == "path":
-            adapter = PathLowRank(_weighted_path_shapes(module), **kwargs, **refinements)
-        elif kind == "dense":
-            adapter = DenseLowRank(
-                tuple(weight.shape), **kwargs, **refinements, outputs_first=isinstance(module, nn.Linear)
-            )
-        elif kind == "contraction":
-            adapter = ContractionLowRank(
-                module.elora_blocks,
-                tuple(weight.shape),
-                module.elora_projection,
-                train_lower_order=train_lower_order,
-                **kwargs,
-            )
-        else:
-            adapter = ElementLowRank(tuple(weight.shape), **kwargs, **refinements)
-            if train_lower_order:
-                for lower in module.weights:
-                    lower.requires_grad_(lower.numel() > 0)
-        if isinstance(adapter, BlockLowRank):
-            adapter.reset_magnitude(weight.detach())
-        parametrize.register_parametrization(module, attribute, adapter)
-        original = getattr(module.parametrizations, attribute).original
-        original.requires_grad_(False)
-        if init == "pissa":
-            adapter.init_pissa(original)
+        _attach(module, attribute, kind, config, train_lower_order)
     model._elora_config = {
         "rank": rank,
         "alpha": alpha,
@@ -461,6 +513,34 @@ def apply(
         "flat_sigma": float(flat_sigma),
     }
     return model
+
+
+def _attach(module: nn.Module, attribute: str, kind: str, config: AdapterConfig, train_lower_order: bool) -> None:
+    """Register the ELoRA adapter of ``kind`` (`_targets`) on ``module``'s weight ``attribute``: built, its variants'
+    magnitudes set, parametrized (the stored base frozen), then a variant's init of the blocks (PiSSA's)."""
+    weight = getattr(module, attribute)
+    kwargs = dict(config=config, dtype=weight.dtype, device=weight.device)
+    if kind == "path":
+        adapter = PathLowRank(_weighted_path_shapes(module), **kwargs)
+    elif kind == "dense":
+        adapter = DenseLowRank(tuple(weight.shape), **kwargs, outputs_first=isinstance(module, nn.Linear))
+    elif kind == "contraction":
+        adapter = ContractionLowRank(
+            module.elora_blocks, tuple(weight.shape), module.elora_projection, train_lower_order=train_lower_order,
+            **kwargs,
+        )  # fmt: skip
+    else:
+        adapter = ElementLowRank(tuple(weight.shape), **kwargs)
+        if train_lower_order:
+            for lower in module.weights:
+                lower.requires_grad_(lower.numel() > 0)
+    if isinstance(adapter, BlockLowRank):
+        adapter.after_factors(weight.detach())
+    parametrize.register_parametrization(module, attribute, adapter)
+    original = getattr(module.parametrizations, attribute).original
+    original.requires_grad_(False)
+    if isinstance(adapter, BlockLowRank):
+        adapter.init_weights(original)
 
 
 def _block_adapters(model: nn.Module) -> list[tuple[str, nn.Module, str, BlockLowRank]]:
@@ -479,9 +559,10 @@ def init_lora_one(
     """LoRA-One's factors of every block of a model adapted with ``init="lora-one"``, from one full-batch gradient.
 
     As `workbench.adaptation.lora.init_lora_one` (same ``γ``, same sign: the factors from ``−G``), block by block
-    (`workbench.adaptation.elora_refinements`): ``G`` is the gradient of the mean of ``loss(model, batch)`` over every
-    sample of ``batches`` (``(batch, number of samples)`` pairs) w.r.t. each adapted base weight, taken in eval mode
-    before training. Returns ``{module name.attribute: G}``; ``requires_grad`` and ``.grad`` are left as they were.
+    (`workbench.adaptation.lora.variants.lora_one`): ``G`` is the gradient of the mean of ``loss(model, batch)`` over
+    every sample of ``batches`` (``(batch, number of samples)`` pairs) w.r.t. each adapted base weight, taken in eval
+    mode before training. Returns ``{module name.attribute: G}``; ``requires_grad`` and ``.grad`` are left as they
+    were.
     """
     config = getattr(model, "_elora_config", None)
     if config is None or config.get("init") != "lora-one":
@@ -494,7 +575,7 @@ def init_lora_one(
     gradients = {}
     for (name, _, attribute, adapter), original, mean in zip(adapters, originals, means):
         gradients[f"{name}.{attribute}"] = mean
-        adapter.init_from_gradient(original, mean, gamma)
+        LoraOne.init_blocks_from_gradient(adapter, original, mean, gamma)
     return gradients
 
 
@@ -587,7 +668,7 @@ class ELoRA(Method):
     """ELoRA as a workbench method (see the module docstring), with the LoRA refinements that stay equivariant.
 
     ``--init pissa|lora-one``, ``--lora-scaling rslora``, ``--reparam replora``, ``--dora`` are `apply`'s options
-    (`workbench.adaptation.elora_refinements`); ``--init lora-one`` sets the factors in `setup` from the gradient of
+    (the LoRA variants per block, module doc); ``--init lora-one`` sets the factors in `setup` from the gradient of
     the task's training loss (energy and forces) over every training frame (`init_lora_one`, ``--gamma``).
     ``--objective flat-lora`` trains on Flat-LoRA's loss as the ``lora`` method does: each step at the adapted
     weights perturbed by noise drawn from ``seed · 1_000_003 + step`` with ``σ_t = flat_sigma (1 − cos(π t / T)) / 2``
@@ -613,12 +694,12 @@ class ELoRA(Method):
     )
 
     def __init__(self, **options: Any):
-        """The options, checked before any model is seen (`check_arguments`; LoRA-One's ``gamma``)."""
+        """The options, checked before any model is seen (`adapter_config`; LoRA-One's ``gamma``)."""
         super().__init__(**options)
         c = self.config
         try:
-            check_arguments(c["rank"], c["init"], c["lora_scaling"], c["reparam"], c["dora"], c["objective"],
-                            c["flat_sigma"])  # fmt: skip
+            adapter_config(c["rank"], c["alpha"], c["init"], c["lora_scaling"], c["reparam"], c["dora"],
+                           c["objective"], c["flat_sigma"])  # fmt: skip
         except UserError as error:
             raise UserError(f"method 'elora': {error}") from None
         if c["gamma"] <= 0:

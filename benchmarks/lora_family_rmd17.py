@@ -1,6 +1,6 @@
 """The LoRA family on an equivariant interatomic potential (issue 27 item 4, rmd17's row): ELoRA with the refinements
-that stay equivariant (`workbench.adaptation.elora_refinements`) against plain ELoRA, on the embedded rMD17 ethanol
-frames.
+that stay equivariant (`workbench.adaptation.lora.variants`, applied per path block) against plain ELoRA, on the
+embedded rMD17 ethanol frames.
 
 Every entry fine-tunes the shipped MACE foundation model with ELoRA at its defaults (rank 16, alpha 16, the authors'
 learning rate 5e-3) but the one option its refinement changes: PiSSA and LoRA-One initialisation per path block,

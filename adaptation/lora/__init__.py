@@ -10,7 +10,9 @@ MoELoRA's looped experts.
 - `apply` / `apply_config` (`check_config`: what they would refuse, the model left as it is), `add_adapter`,
   `set_adapter`, `delete_adapter`, `merge`, `unmerge`, `save_adapter`, `load_adapter`, `set_adapter_weights`,
   `adapter_parameters`, `adapter_state`, `lora_layers`, `init_lora_one` (`workbench.adaptation.lora.model`);
-- `LoraLayer` (`workbench.adaptation.lora.layer`);
+- `LoraLayer` (`workbench.adaptation.lora.layer`), a dispatcher to each adapter's variants;
+- `variants`: the refinements (routed kinds, GOAT, PiSSA, LoRA-One, RepLoRA, DoRA, rsLoRA, Flat-LoRA) as variant
+  objects that LoRA layers and ELoRA's blocks share, and their registry (`workbench.adaptation.lora.variants`);
 - `apply_plugins`, `active_plugin`, `save_plugin`, `load_plugin`: named adapters chosen by task kind (HealthGPT's
   heterogeneous H-LoRA / MoELoRA / LoRA plug-ins) (`workbench.adaptation.lora.plugins`);
 - `LoraConfig`, `AdapterConfig` (= ``PluginConfig``), `conv_rule_rank` (`workbench.adaptation.lora.config`);

@@ -55,13 +55,16 @@ layer, while a Flat-LoRA adapter is a plain LoRA one that PEFT loads):
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Mapping
 
 from torch import nn
+from workbench.adaptation.lora import variants
+from workbench.adaptation.lora.variants.flat_lora import OBJECTIVES as OBJECTIVES
+from workbench.adaptation.lora.variants.goat import GOAT_ETA as GOAT_ETA
+from workbench.adaptation.lora.variants.goat import GOAT_RHO as GOAT_RHO
 
 from workbench.errors import UserError
 
@@ -76,14 +79,8 @@ INITS = ("kaiming", "pissa", "lora-one", "goat")
 #: ``scaling`` choices: ``alpha / r``, rsLoRA's ``alpha / sqrt(r)`` and GOAT's ``sqrt(3 η n_in / r_e)`` (``kind="goat"``
 #: only; the layer computes it, knowing ``n_in``).
 SCALINGS = ("standard", "rslora", "goat")
-#: GOAT's constants as its authors' code sets them: singular values divided by ``scale · ρ`` before they become the
-#: experts' factors; ``η`` of the derived scale (their ``ETA``, 1.0 in every released script).
-GOAT_RHO = 10.0
-GOAT_ETA = 1.0
 #: ``reparam`` choices: the factors as they are, or RepLoRA's MLP of them.
 REPARAMS = ("none", "replora")
-#: ``objective`` choices: the loss, or Flat-LoRA's expected loss over random perturbations of the merged weights.
-OBJECTIVES = ("plain", "flat-lora")
 #: ``conv_rank`` choices: ``"peft"`` (convolutions take ``rank`` like every target), ``"rule"`` (`conv_rule_rank`).
 CONV_RANKS = ("peft", "rule")
 
@@ -139,6 +136,9 @@ class AdapterConfig:
         dora: DoRA's magnitude and direction (default False); plain LoRA only.
         reparam: ``"none"`` (default) or ``"replora"`` (`REPARAMS`); plain LoRA only, not with PiSSA, LoRA-One or DoRA.
         top_k: experts each token is sent to (``kind="goat"``; default 2, the authors').
+        variants: names of further registered variants (`workbench.adaptation.lora.variants.register`) to apply.
+
+    Each refinement is a variant object (`workbench.adaptation.lora.variants`) that checks its own options here.
     """
 
     rank: int
@@ -152,8 +152,10 @@ class AdapterConfig:
     dora: bool = False
     reparam: str = "none"
     top_k: int = 2
+    variants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        """The fields' own checks, then every variant's (`workbench.adaptation.lora.variants.check`)."""
         if self.kind is None:
             object.__setattr__(self, "kind", "lora" if self.experts is None else "hlora")
         object.__setattr__(self, "alpha", float(self.alpha))
@@ -176,71 +178,34 @@ class AdapterConfig:
             raise UserError(f"LoRA dora must be true or false, got {self.dora!r}")
         if self.reparam not in REPARAMS:
             raise UserError(f"LoRA reparam must be one of {REPARAMS}, got {self.reparam!r}")
-        if self.reparam == "replora" and (self.init != "kaiming" or self.dora):
-            other = f"init={self.init!r}" if self.init != "kaiming" else "dora=True"
-            raise UserError(
-                f"LoRA reparam='replora' with {other} is not defined (RepLoRA's MLP would change the factors that "
-                "option sets or rescales); use reparam='none' or init='kaiming' without dora"
-            )
-        goat = self.kind == "goat"
-        if (self.init == "goat" or self.scaling == "goat") and not goat:
-            raise UserError(
-                f"LoRA init/scaling 'goat' belongs to GOAT's routed experts (kind='goat'), not to {self.kind} adapters"
-            )
-        if self.kind != "lora":
-            free = ("init", "scaling") if goat else ()  # GOAT's experts take GOAT's init and every scaling
-            for name, default in (("init", "kaiming"), ("scaling", "standard"), ("dora", False), ("reparam", "none")):
-                if name in free:
-                    if name == "init" and self.init not in ("kaiming", "goat"):
-                        raise UserError(f"GOAT's experts start as 'kaiming' or 'goat', not init={self.init!r}")
-                    continue
-                if getattr(self, name) != default:
-                    raise UserError(
-                        f"LoRA {name}={getattr(self, name)!r} is an option of plain LoRA adapters, not of {self.kind} "
-                        f"adapters; leave {name} at {default!r}"
-                    )
-        if self.kind == "lora":
-            if self.experts is not None:
-                raise UserError(f"a plain LoRA adapter has no experts (got experts={self.experts}); use experts=None")
-            return
-        if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 1:
-            raise UserError(f"a {self.kind} adapter needs a positive number of experts, got {self.experts!r}")
-        if self.rank % self.experts:
-            raise UserError(
-                f"{self.kind} adapter: rank {self.rank} must be a multiple of experts {self.experts} (each expert "
-                "holds rank / experts ranks)"
-            )
-        if self.compute == "weight":
-            raise UserError("routed experts (H-LoRA) depend on the input: they cannot be computed in weight space")
-        top_k_ok = isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and 1 <= self.top_k <= self.experts
-        if goat and not top_k_ok:
-            raise UserError(f"GOAT's top_k must be an integer in 1..experts ({self.experts}), got {self.top_k!r}")
+        names = (self.variants,) if isinstance(self.variants, str) else self.variants
+        object.__setattr__(self, "variants", tuple(names))
+        variants.check(self)
+        if self.kind == "lora" and self.experts is not None:
+            raise UserError(f"a plain LoRA adapter has no experts (got experts={self.experts}); use experts=None")
 
     @property
     def routed(self) -> bool:
         """Whether a router weighs experts token by token (then the update depends on the input: not mergeable)."""
-        return self.kind != "lora"
+        return any(variant.routed for variant in variants.variants_for(self))
 
     @property
     def scale(self) -> float:
         """``alpha / r`` (plain LoRA), ``alpha / sqrt(r)`` (``scaling="rslora"``) or ``alpha / r · k`` (the experts'
         kinds, as HealthGPT's code; GOAT's: ``alpha / r_e`` or ``alpha / sqrt(r_e)`` with ``r_e = r / k`` each
         expert's rank, as GOAT's code). GOAT's derived scale needs the layer's input size: `scale_for`."""
-        if self.scaling == "goat":
-            raise UserError("GOAT's scale sqrt(3 eta n_in / r_e) depends on the layer: use scale_for(n_in)")
-        if self.scaling == "rslora":
-            return self.alpha / math.sqrt(self.rank // (self.experts or 1))
-        return self.alpha / self.rank * (self.experts or 1)
+        return self.scale_for(None)
 
-    def scale_for(self, fan_in: int) -> float:
-        """The scale on a layer of ``fan_in`` inputs: `scale`, or GOAT's ``sqrt(3 η fan_in / r_e)`` (``η`` =
-        `GOAT_ETA`) with ``scaling="goat"``."""
-        if self.scaling == "goat":
-            return math.sqrt(3 * GOAT_ETA * fan_in / (self.rank // self.experts))
-        return self.scale
+    def scale_for(self, fan_in: int | None) -> float:
+        """The scale on a layer of ``fan_in`` inputs (None: unknown): ``alpha / r`` as each variant changes it (`scale`;
+        GOAT's ``sqrt(3 η fan_in / r_e)`` with ``scaling="goat"``, ``η`` = `GOAT_ETA`)."""
+        return variants.scale_for(self, fan_in)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-able form; ``variants`` only when some are asked for (files stay readable by earlier versions)."""
+        out = asdict(self)
+        out["variants"] = list(self.variants)
+        return out if self.variants else {k: v for k, v in out.items() if k != "variants"}
 
     @classmethod
     def from_dict(cls, content: Mapping[str, Any], source: str | Path) -> "AdapterConfig":
@@ -279,6 +244,7 @@ class LoraConfig:
             plain LoRA only).
         flat_sigma: Flat-LoRA's relative noise size ``σ`` (default 0.05, the authors' ``rho``), ≥ 0.
         top_k: GOAT's experts per token (``kind="goat"``; default 2).
+        variants: further registered variants to apply (`AdapterConfig.variants`).
     """
 
     targets: tuple[str, ...] | None = None
@@ -298,6 +264,7 @@ class LoraConfig:
     objective: str = "plain"
     flat_sigma: float = 0.05
     top_k: int = 2
+    variants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.targets, str):
@@ -313,21 +280,11 @@ class LoraConfig:
                 raise UserError(f"LoRA {name} must be a positive integer, got {rank!r}")
         if self.conv_rank not in CONV_RANKS:
             raise UserError(f"LoRA conv_rank must be one of {CONV_RANKS}, got {self.conv_rank!r}")
+        names = (self.variants,) if isinstance(self.variants, str) else self.variants
+        object.__setattr__(self, "variants", tuple(names))
         object.__setattr__(self, "kind", self.adapter(self.rank).kind)  # checks the adapter's fields
-        if self.objective not in OBJECTIVES:
-            raise UserError(f"LoRA objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if (
-            isinstance(self.flat_sigma, bool)
-            or not isinstance(self.flat_sigma, (int, float))
-            or not self.flat_sigma >= 0
-        ):
-            raise UserError(f"LoRA flat_sigma must be a number >= 0, got {self.flat_sigma!r}")
+        variants.check_training(self)
         object.__setattr__(self, "flat_sigma", float(self.flat_sigma))
-        if self.objective != "plain" and self.kind != "lora":
-            raise UserError(
-                f"LoRA objective={self.objective!r} is an option of plain LoRA adapters, not of {self.kind} adapters; "
-                "leave objective at 'plain'"
-            )
 
     def adapter(self, rank: int) -> AdapterConfig:
         """The `AdapterConfig` of a target of rank ``rank`` (`rank_of`)."""
@@ -343,6 +300,7 @@ class LoraConfig:
             self.dora,
             self.reparam,
             self.top_k,
+            self.variants,
         )
 
     def rank_of(self, name: str, module: nn.Module) -> int:
@@ -360,7 +318,8 @@ class LoraConfig:
         out = asdict(self)
         out["targets"] = None if self.targets is None else list(self.targets)
         out["train"] = list(self.train)
-        return out
+        out["variants"] = list(self.variants)
+        return out if self.variants else {k: v for k, v in out.items() if k != "variants"}
 
     @classmethod
     def from_dict(cls, content: Mapping[str, Any], source: str | Path) -> "LoraConfig":

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 from workbench.adaptation.lora.model import lora_layers
+from workbench.adaptation.lora.variants.flat_lora import unit_noise
 
 from workbench.errors import UserError
 from workbench.method import Stage
@@ -65,9 +66,7 @@ def perturbations(model: nn.Module, seed: int, sigma: float) -> dict[str, torch.
             for adapter in layer._acting():  # W' = W + ΔW of the plain adapters (dropout or not)
                 if not layer.adapters[adapter].routed:
                     weight = weight + layer.delta_weight(adapter).detach()
-            std = sigma * weight.flatten(1).norm(dim=1) / math.sqrt(weight[0].numel())
-            noise = torch.randn(weight.shape, generator=generator, dtype=weight.dtype, device=weight.device)
-            out[name] = noise * std.view((-1,) + (1,) * (weight.dim() - 1))
+            out[name] = unit_noise(weight.flatten(1), sigma, generator).reshape(weight.shape)
     return out
 
 

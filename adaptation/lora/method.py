@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
+from workbench.adaptation.lora import variants
 from workbench.adaptation.lora.config import (
     COMPUTES,
     CONV_RANKS,
@@ -71,6 +72,7 @@ REFINEMENT_OPTIONS = (
         "input --scaling",
         choices=PLAIN_SCALINGS,
         refused={"goat": "GOAT's scale belongs to its routed experts (--method lora --init goat --lora-scaling goat)"},
+        renamed_from=("scaling", "0.1"),
     ),
     Option(
         "dora",
@@ -222,20 +224,15 @@ class LoRA(Method):
     )
 
     def __init__(self, **options: Any):
-        """The options, checked before any model is seen: GOAT's experts and the adapters' configuration."""
+        """The options, checked before any model is seen (the variants' share, e.g. GOAT's experts, and the adapters'
+        configuration); whether the adapters are routed (input-dependent: linear targets only, no merged form)."""
         super().__init__(**options)
-        rank, experts, top_k = (self.config[name] for name in ("rank", "experts", "top_k"))
-        if self.config["init"] == "goat" and (experts < 1 or rank % experts):
-            raise UserError(f"method 'lora': --init goat splits --rank {rank} among --experts {experts}: give "
-                            "--experts that divides --rank")  # fmt: skip
-        if self.config["init"] == "goat" and not 1 <= top_k <= experts:
-            raise UserError(f"method 'lora': --top-k {top_k} must be in 1..{experts} (--experts): the experts each "
-                            "token is sent to")  # fmt: skip
-        self._config(targets=None, train=())
+        self._routed = self._config(targets=None, train=()).adapter(self.config["rank"]).routed
 
     def _config(self, targets: list[str] | None, train: tuple[str, ...]) -> LoraConfig:
-        """What `prepare` applies (`checked_config`)."""
-        goat = self.config["init"] == "goat"
+        """What `prepare` applies (`checked_config`; the variants' `method_arguments` over the plain defaults)."""
+        arguments = {"compute": self.config["compute"], "kind": None, "experts": None}
+        arguments.update(variants.method_arguments(self.config))
         return checked_config(
             self.name,
             self.config,
@@ -245,12 +242,10 @@ class LoRA(Method):
             dropout=self.config["dropout"],
             conv_rank=self.config["conv_rank"],
             train=train,
-            compute="input" if goat else self.config["compute"],  # routed experts depend on the input
             objective=self.config["objective"],
             flat_sigma=self.config["flat_sigma"],
-            kind="goat" if goat else None,
-            experts=self.config["experts"] if goat else None,
             top_k=self.config["top_k"],
+            **arguments,
         )
 
     def check(self, task, data, model: nn.Module) -> None:
@@ -261,10 +256,10 @@ class LoRA(Method):
         check_config(model, self._config(self._targets(model), ()))
 
     def _targets(self, model: nn.Module) -> list[str] | None:
-        """The ``targets`` option's entries (None: every declared group); GOAT without ``targets``: the linear layers
-        of every declared group."""
+        """The ``targets`` option's entries (None: every declared group); routed adapters (GOAT) without ``targets``:
+        the linear layers of every declared group."""
         chosen = [entry.strip() for entry in self.config["targets"].split(",") if entry.strip()] or None
-        if chosen is None and self.config["init"] == "goat":
+        if chosen is None and self._routed:
             modules = dict(model.named_modules())
             return [name for name in target_names(model, None) if isinstance(modules[name], nn.Linear)]
         return chosen
@@ -283,22 +278,23 @@ class LoRA(Method):
             init_from_task_gradient(task, model, data, self.config["gamma"])
 
     def plan(self, task, model: nn.Module, data, inputs: PlanInputs) -> list[Stage]:
-        """One stage; with ``--objective flat-lora`` its step is Flat-LoRA's (`flat.flat_stage`), with ``--init goat``
-        `goat_step`."""
+        """One stage; with ``--objective flat-lora`` its step is Flat-LoRA's (`flat.flat_stage`), with a variant that
+        keeps an auxiliary loss (``--init goat``) `aux_step`."""
         stages = super().plan(task, model, data, inputs)
-        if self.config["init"] == "goat":
-            return [dataclasses.replace(stages[0], gradients=functools.partial(self.goat_step, task))]
+        aux_weight = variants.aux_loss_weight(self.config)
+        if aux_weight is not None:
+            return [dataclasses.replace(stages[0], gradients=functools.partial(self.aux_step, task, aux_weight))]
         if self.config["objective"] != "flat-lora":
             return stages
         seed = getattr(self, "_seed", inputs.settings.seed)
         return [flat_stage(stages[0], task, len(data.train), inputs.settings, self.config["flat_sigma"], seed)]
 
-    def goat_step(self, task, model: nn.Module, batch: Any, step: int) -> torch.Tensor:
-        """GOAT's step: the task's training loss plus ``goat_aux`` times the sum of the layers' load-balancing losses
-        of this forward (the authors' trainer), backpropagated; returns the detached task loss."""
+    def aux_step(self, task, weight: float, model: nn.Module, batch: Any, step: int) -> torch.Tensor:
+        """The task's training loss plus ``weight`` times the sum of the layers' auxiliary losses of this forward
+        (GOAT's load balancing, ``goat_aux``: the authors' trainer), backpropagated; returns the detached task loss."""
         loss = task.loss(model, batch, True)
         balance = sum(layer.take_balance_loss() for layer in lora_layers(model).values())
-        (loss + self.config["goat_aux"] * balance).backward()
+        (loss + weight * balance).backward()
         return loss.detach()
 
     def trainable_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -312,5 +308,5 @@ class LoRA(Method):
         load_state(model, state, source)
 
     def merge(self, model: nn.Module) -> nn.Module:
-        """The adapters folded into the weights; GOAT's routed experts have no merged form: the model as it is."""
-        return model if self.config["init"] == "goat" else merge(model)
+        """The adapters folded into the weights; routed experts (GOAT's) have no merged form: the model as it is."""
+        return model if self._routed else merge(model)

@@ -42,6 +42,7 @@ from torch import nn
 from workbench.adaptation.lora.config import LoraConfig
 from workbench.adaptation.lora.io import LoadReport, load_into, read_adapter, write_adapter
 from workbench.adaptation.lora.layer import DEFAULT, SUPPORTED, LoraLayer, check_fits
+from workbench.adaptation.lora.variants.lora_one import LoraOne
 
 from workbench.checkpoint import check_state_fits, write_json
 from workbench.errors import UserError
@@ -75,6 +76,7 @@ def apply(
     flat_sigma: float = 0.05,
     kind: str | None = None,
     top_k: int = 2,
+    variants: Sequence[str] = (),
 ) -> nn.Module:
     """Wrap ``model``'s target layers in `LoraLayer` s in place, freeze everything else and return the model.
 
@@ -108,6 +110,7 @@ def apply(
         kind: the adapters' kind (`workbench.adaptation.lora.KINDS`); None (default): ``"hlora"`` with ``experts``,
             ``"lora"`` without. ``"goat"``: GOAT's top-k routed experts (with ``init="goat"``, ``scaling="goat"``).
         top_k: GOAT's experts per token (default 2).
+        variants: names of further registered LoRA variants to apply (`workbench.adaptation.lora.variants.register`).
 
     The adapter is named ``"default"`` (PEFT's name) and active. A model that already carries LoRA layers is refused
     (merge them first, or `add_adapter`); parametrizations of the model are left as they are. The `LoraConfig` is
@@ -131,6 +134,7 @@ def apply(
         flat_sigma=flat_sigma,
         kind=kind,
         top_k=top_k,
+        variants=variants,
     )
     return apply_config(model, config)
 
@@ -440,7 +444,7 @@ def set_adapter_weights(
         layer = layers[name]
         if adapter in layer.merged_adapters:
             raise UserError(f"set_adapter_weights: LoRA layer '{name}' is merged; unmerge(model) first")
-        if layer.adapters[adapter].kind in ("moelora", "goat"):
+        if not isinstance(layer.lora_A[adapter], SUPPORTED):  # experts as a list of pairs
             kind = layer.adapters[adapter].kind
             raise UserError(f"set_adapter_weights: '{name}': a {kind} adapter has no single A and B")
         targets[name] = (layer.lora_A[adapter].weight, layer.lora_B[adapter].weight)
@@ -530,6 +534,8 @@ def peft_config_of(model: nn.Module, adapter: str = DEFAULT) -> tuple[dict | Non
         return None, f"routed experts ({config.kind}) are not a PEFT LoRA"
     if config.reparam != "none":
         return None, f"reparam={config.reparam!r} (RepLoRA's MLP of the factors) is not in PEFT"
+    if config.variants:
+        return None, f"variants {list(config.variants)} are the workbench's, not PEFT's"
     for name, layer in layers.items():
         base = layer.base_layer
         if isinstance(base, (nn.Conv1d, nn.Conv2d)) and (set(base.dilation) != {1} or base.padding_mode != "zeros"):
@@ -605,9 +611,10 @@ def init_lora_one(
     Models, Provably and Efficiently", ICML 2025 (code: YuanheZ/LoRA-One). ``G`` is the gradient of the mean loss over
     every sample of ``batches`` with respect to each adapted layer's base weight, taken at the model as it is (call it
     before training: the adapters are still the identity); each layer's factors then come from the top-r singular
-    triplets of ``−G`` (`workbench.adaptation.lora.layer.LoraLayer.init_from_gradient`). The preconditioned optimiser
-    of the paper is not part of this initialisation. The model is left in eval mode while the gradient is taken
-    (no dropout: the same gradient every time; the authors' code takes it in train mode), then in its mode again.
+    triplets of ``−G`` (`workbench.adaptation.lora.variants.lora_one.LoraOne.init_from_gradient`). The
+    preconditioned optimiser of the paper is not part of this initialisation. The model is left in eval mode while the
+    gradient is taken (no dropout: the same gradient every time; the authors' code takes it in train mode), then in
+    its mode again.
 
     Args:
         model: a model carrying adapter ``adapter`` with ``init="lora-one"``.
@@ -628,11 +635,12 @@ def init_lora_one(
     weights = [layer.base_layer.weight for layer in layers.values()]
     means = mean_gradients(model, loss, batches, weights, "init_lora_one")
     gradients = dict(zip(layers, means))
-    problems = [f"{n}: {why}" for n, layer in layers.items() if (why := layer.gradient_error(adapter, gradients[n]))]
+    problems = [f"{n}: {why}" for n, layer in layers.items()
+                if (why := LoraOne.gradient_error(layer, adapter, gradients[n]))]  # fmt: skip
     if problems:  # nothing changes unless every layer can take its gradient
         raise UserError("LoRA-One cannot initialise " + "; ".join(problems))
     for name, layer in layers.items():
-        layer.init_from_gradient(adapter, gradients[name], gamma)
+        LoraOne.init_from_gradient(layer, adapter, gradients[name], gamma)
     return gradients
 
 

@@ -73,6 +73,7 @@ def apply_plugins(
             scaling=c.scaling,
             dora=c.dora,
             reparam=c.reparam,
+            variants=c.variants,
         )
         for name, c in plugins.items()
     }
