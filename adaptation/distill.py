@@ -134,8 +134,9 @@ class Distill(Method):
             raise UserError(f"--teacher {teacher}: not a finished run directory (no adapter.json in it)")
 
     def set_teacher(self, teacher: nn.Module) -> None:
-        """The fixed model whose sigmoid outputs the student learns (frozen and put in eval mode)."""
-        self.teacher = teacher.eval().requires_grad_(False)
+        """The fixed model whose sigmoid outputs the student learns; `plan`'s stage holds it frozen and in eval mode
+        (`Stage.frozen`), so a caller of `loss` outside a trainer puts it in eval mode itself."""
+        self.teacher = teacher
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """A fresh `ECGStudent` for ``model``'s classes and record length; ``model`` is kept as the fallback teacher."""
@@ -165,7 +166,7 @@ class Distill(Method):
             log.info("distill: teacher = the pretrained base model (not adapted; give --teacher RUN_DIR to change)")
         self.teacher.to(next(model.parameters()).device)
         settings = replace(inputs.settings, epochs=inputs.settings.epochs * self.config["epochs_factor"])
-        return [Stage("train", data.train, data.val, settings, partial(self.loss, task))]
+        return [Stage("train", data.train, data.val, settings, partial(self.loss, task), frozen=(self.teacher,))]
 
     def loss(self, task, model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
         ecg, labels = batch

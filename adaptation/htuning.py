@@ -306,12 +306,13 @@ class HTuning(Method):
     backprop already needs, so smaller chunks only cost time; ``--zo-chunk 0`` runs them on the whole batch, as
     published.
 
-    The step *replaces* ``loss.backward()`` through the engine's ``Method.gradients(task, model, batch, step)``
-    hook: it writes every trainable ``.grad`` (`mixed_order_gradients`) and returns the detached full-batch
-    loss; the trainer then clips and steps the optimizer as usual. ``z`` is seeded with
-    ``run seed · 1_000_003 + step`` (the run seed from `setup`), so a resumed run draws the same ``z``.
-    Validation keeps using `Method.loss` (the task's loss). The batch must be ``(inputs, labels)``; the loss
-    on logits is the task's ``logits_loss`` when it has one, else BCE with logits (multi-label).
+    The step *replaces* ``loss.backward()``: `plan` gives the default stage ``HTuning.gradients`` as its
+    `Stage.gradients` (``gradients(model, batch, step)``), which writes every trainable ``.grad``
+    (`mixed_order_gradients`) and returns the detached full-batch loss; the trainer then clips and steps the
+    optimizer as usual. ``z`` is seeded with ``run seed · 1_000_003 + step`` (the run seed from `setup`), so a
+    resumed run draws the same ``z``. Validation keeps using the stage's ``loss`` (`Method.loss`: the task's
+    loss). The batch must be ``(inputs, labels)``; the loss on logits is the task's ``logits_loss`` when it has
+    one, else BCE with logits (multi-label).
     """
 
     name = "htuning"

@@ -1,9 +1,10 @@
 """Shared machinery of methods that re-weight the source samples' losses (a base class, not a method).
 
 Every parameter trains; the loss of a batch is ``mean_i(w_i · ℓ_i)`` with per-sample losses ℓ_i from the
-task (`Task.sample_losses`) and weights looked up by sample id. Subclasses fill ``weight_by_id`` in
-``setup`` (and may refresh it each epoch). With weights of mean 1 over the training samples the loss
-stays on the scale of the unweighted one, so learning rates carry over.
+task (``sample_losses``, the `PerSampleLosses` protocol of `workbench.adaptation.task_needs`) and weights looked
+up by sample id (``batch_ids``, `SampleIds`). Subclasses fill ``weight_by_id`` in ``setup`` (and may refresh it
+before each epoch from their stage's ``on_epoch``, `workbench.method.Stage`, as PADA does). With weights of mean 1
+over the training samples the loss stays on the scale of the unweighted one, so learning rates carry over.
 
 Diagnostic (``outlier_weight_share``): when the task knows which classes the target holds
 (``TaskData.summary["target_classes"]``), the share of the training weight that falls on source samples

@@ -205,3 +205,16 @@ def test_peak_memory_is_per_block_not_the_process_high_water_mark():
     assert 60 * 2**20 <= big.added_bytes <= 100 * 2**20, big.added_bytes
     assert small.added_bytes < 30 * 2**20, small.added_bytes
     assert big.peak_bytes > big.added_bytes
+
+
+def test_the_architecture_stage_table_names_every_stage_field():
+    """ARCHITECTURE.md's Stage table is the list of a method's training hooks: it names every `Stage` field."""
+    import dataclasses
+    import re
+
+    from workbench.method import Stage
+
+    text = (Path(__file__).parents[1] / "ARCHITECTURE.md").read_text()
+    section = text.split("### A method owns its training plan", 1)[1].split("\n\n|", 1)[1].split("\n\n", 1)[0]
+    named = {name for row in section.splitlines() for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert named == {field.name for field in dataclasses.fields(Stage)}

@@ -9,9 +9,11 @@ A method hooks into the run at these points, in this order:
 - ``setup(task, model, data, seed)``: look at the data before training (fit sample weights, keep the
   unlabelled target samples);
 - ``plan(task, model, data, inputs)``: the training plan, a list of `Stage` run in order, each a whole trainer run
-  with its own trainable parameters, samples, settings, loss and optional gradient function and epoch hook. One
-  stage (the default) is ordinary training; several are staged training (alignment, embedding and adapter stages,
-  say); none is a method that adapts without training (one that generates its weights in ``setup``).
+  with its own trainable parameters, samples, settings and loss, and optionally a gradient function, a hook before
+  each optimizer step, an epoch hook, modules held frozen in eval mode (a teacher) and learning rates per group of
+  parameters. One stage (the default) is ordinary training; several are staged training (alignment, embedding and
+  adapter stages, say); none is a method that adapts without training (one that generates its weights in
+  ``setup``).
   `PlanInputs` carries the run's training settings, the folder where the run's chosen method writes what it makes
   besides the adapter, and the run's chosen adapted model for methods that learn from it (distillation);
 - ``loss(task, model, batch, training)``: the objective the default plan trains (the task's loss unless the method
@@ -32,7 +34,7 @@ Methods stay usable without the trainer, on plain PyTorch modules.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, Mapping, Sequence
 
@@ -75,6 +77,15 @@ class Stage:
     #: Called once when the stage has finished training (the best weights are in the model): a plan writes what
     #: the stage made into `PlanInputs.outputs`.
     on_end: Callable[[], None] | None = None
+    #: Modules held frozen and in eval mode for the whole stage (a teacher: no dropout, batch-norm statistics that do
+    #: not move): a name is a submodule of the model (``model.get_submodule(name)``), a module one the method holds
+    #: outside the model (a teacher its ``loss`` calls). Their parameters do not train even where ``trainable``
+    #: names them; their modes and ``requires_grad`` are restored when the stage ends.
+    frozen: Collection[str | nn.Module] = ()
+    #: Learning rates of parameter groups, ``{pattern: rate}``: a trained parameter joins the group of the first
+    #: pattern (`fnmatch.fnmatchcase` on its name, ``*`` matches dots too: ``"head.*"``) that matches it, the rest
+    #: train at ``settings.learning_rate``; a schedule scales every group's rate by the same factor. Empty: one group.
+    learning_rates: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,13 @@ gives the same numbers as one left alone, dropout included.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -102,7 +104,7 @@ class Trainer:
         gradients: ``gradients(model, batch, step) -> loss | None``, tried before the usual backward pass at
             global step ``step`` (0, 1, ... over the whole fit; the same after a resume): None keeps
             ``loss_fn(...).backward()``; a (detached) loss means it has filled every trainable ``.grad`` itself
-            (`workbench.method.Method.gradients`). Under DDP such gradients are averaged over the processes.
+            (`workbench.method.Stage.gradients`). Under DDP such gradients are averaged over the processes.
         before_step: ``before_step(model, optimizer, step)`` after the gradients of global step ``step`` are in
             ``.grad`` (unscaled) and before clipping and the optimizer step (`workbench.method.Stage.before_step`).
         score: ``score(model) -> float``, the validation objective when ``settings.select_on`` names a metric
@@ -111,6 +113,11 @@ class Trainer:
         threads: ``threads() -> count`` called before each epoch: the CPU threads it computes with, which the hook
             may change (`workbench.threads.ThreadPolicy.update`); None: torch's count as it is. Each epoch's count
             is in the history (``threads``).
+        frozen: modules held in eval mode and frozen while the trainer lives (a teacher): names of submodules of
+            ``model`` or modules outside it (`workbench.method.Stage.frozen`); their parameters never train, and
+            their modes and ``requires_grad`` are restored when ``fit`` returns.
+        learning_rates: ``{pattern: rate}``, one optimizer group per pattern (`workbench.method.Stage.learning_rates`);
+            with several groups each epoch's history holds every group's rate (``learning_rates``).
     """
 
     def __init__(
@@ -130,6 +137,8 @@ class Trainer:
         before_step: Callable[[nn.Module, torch.optim.Optimizer, int], None] | None = None,
         score: Callable[[nn.Module], float] | None = None,
         threads: Callable[[], int] | None = None,
+        frozen: Collection[str | nn.Module] = (),
+        learning_rates: Mapping[str, float] | None = None,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -147,6 +156,11 @@ class Trainer:
         self.threads = threads or torch.get_num_threads
         self.rank, self.world_size = distributed()
         self.progress = progress and self.rank == 0
+        self.frozen = [self._module(module) for module in frozen]
+        self._frozen_before = [(p, p.requires_grad) for module in self.frozen for p in module.parameters()]
+        self._modes_before = [(m, m.training) for module in self.frozen for m in module.modules()]
+        for p, _ in self._frozen_before:  # before DDP wraps the model: it reduces what requires grad then
+            p.requires_grad_(False)
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
@@ -166,7 +180,7 @@ class Trainer:
         # (about ten small operations per tensor), which costs a small model as much as its gradient clipping,
         # EMA and collation together.
         self.optimizer = torch.optim.Adam(
-            self.params,
+            self._param_groups(learning_rates or {}),
             lr=settings.learning_rate,
             amsgrad=settings.amsgrad,
             weight_decay=settings.weight_decay,
@@ -186,6 +200,51 @@ class Trainer:
             self.train_model: nn.Module = DistributedDataParallel(model)
         else:
             self.train_model = model
+
+    def _module(self, module: str | nn.Module) -> nn.Module:
+        """A frozen module: ``module`` itself, or the submodule of the model it names."""
+        if isinstance(module, nn.Module):
+            return module
+        try:
+            return self.model.get_submodule(module)
+        except AttributeError:
+            raise ValueError(f"{self.label}: the model has no submodule '{module}' to hold frozen") from None
+
+    def _param_groups(self, learning_rates: Mapping[str, float]) -> list[nn.Parameter] | list[dict[str, Any]]:
+        """What the optimizer steps: every trained parameter in one group at the settings' rate, or, with
+        ``learning_rates``, the parameters no pattern matches (group ``"*"``, the settings' rate, when there are
+        any) then one group per pattern (first match wins; a pattern that matches nothing is an error)."""
+        if not learning_rates:
+            return self.params
+        bad = {pattern: rate for pattern, rate in learning_rates.items()
+               if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate < 0}  # fmt: skip
+        if bad:
+            raise ValueError(f"{self.label}: learning rates must be finite numbers >= 0, got {bad}")
+        members: dict[str, list[nn.Parameter]] = {pattern: [] for pattern in learning_rates}
+        rest = []
+        for name, p in zip(self.names, self.params):
+            pattern = next((pattern for pattern in learning_rates if fnmatchcase(name, pattern)), None)
+            (rest if pattern is None else members[pattern]).append(p)
+        unmatched = [pattern for pattern, params in members.items() if not params]
+        if unmatched:
+            raise ValueError(
+                f"{self.label}: learning-rate pattern(s) {unmatched} match no trained parameter "
+                f"(names look like '{self.names[0]}')"
+            )
+        groups = [{"name": "*", "params": rest, "lr": self.settings.learning_rate}] if rest else []
+        return groups + [{"name": name, "params": members[name], "lr": rate} for name, rate in learning_rates.items()]
+
+    def _group_rates(self) -> dict[str, dict[str, float]]:
+        """``{"learning_rates": {group: current rate}}`` with several optimizer groups, else nothing."""
+        groups = self.optimizer.param_groups
+        return {"learning_rates": {group["name"]: group["lr"] for group in groups}} if len(groups) > 1 else {}
+
+    def _release_frozen(self) -> None:
+        """The frozen modules' modes and ``requires_grad`` as they were before this trainer."""
+        for p, requires_grad in self._frozen_before:
+            p.requires_grad_(requires_grad)
+        for module, training in self._modes_before:
+            module.train(training)
 
     def _scheduler(self) -> Any:
         """The settings' learning-rate schedule: "plateau" steps once per epoch on the validation objective,
@@ -218,6 +277,8 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> tuple[float, int]:
         """(mean training loss, optimizer steps taken) of epoch ``epoch``."""
         self.model.train()
+        for module in self.frozen:
+            module.eval()
         total, count = 0.0, 0
         batches = self._epoch_batches(epoch)
         for index, samples in enumerate(batches):
@@ -340,6 +401,13 @@ class Trainer:
 
         With ``resume`` and an existing checkpoint, training continues where that checkpoint ends.
         """
+        try:
+            return self._fit(resume)
+        finally:
+            self._release_frozen()
+            self.model.eval()
+
+    def _fit(self, resume: bool) -> list[dict[str, float]]:
         if resume and self.checkpoint_path is not None and self.checkpoint_path.is_file():
             self._restore(load_checkpoint(self.checkpoint_path))
             log.info("%s: resumed after epoch %d", self.label, len(self.history))
@@ -374,6 +442,7 @@ class Trainer:
                     "val_loss": val_loss,
                     "objective": objective,
                     "lr": self.optimizer.param_groups[0]["lr"],
+                    **self._group_rates(),
                     "seconds": seconds,
                     "steps": steps,
                     "selectable": selectable,
@@ -396,7 +465,6 @@ class Trainer:
             with torch.no_grad():
                 for name, p in zip(self.names, self.params):
                     p.copy_(self.best["state"][name])
-        self.model.eval()
         return self.history
 
     def _averaged(self):
