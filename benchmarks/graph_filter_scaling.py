@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from workbench.domains.graphs.task import CSBMTask
 
+from workbench.config import MethodEntry
 from workbench.registry import methods
 
 METHODS = ("homophily", "mixed-filters", "gcn", "udagcn", "mlp")
@@ -38,7 +39,8 @@ def peak_memory_mb() -> float:
 
 def time_method(task: CSBMTask, base: torch.nn.Module, batch, name: str, steps: int) -> float:
     """Median seconds of one optimiser step of ``name``'s training loss (after one warm-up step)."""
-    method_name, _, model_name = ENTRIES.get(name, name).partition("@")
+    entry = MethodEntry.parse(ENTRIES.get(name, name))
+    method_name, model_name = entry.method, entry.model
     method = methods.get(method_name)()
     torch.manual_seed(0)
     model = method.prepare(copy.deepcopy(base) if not model_name else task.load_model(model_name))

@@ -28,6 +28,7 @@ from workbench.domains.graphs.graph import Graph
 from workbench.domains.graphs.readers import read_graph
 from workbench.domains.graphs.task import CSBMTask, PairSample, split_source
 
+from workbench.config import MethodEntry
 from workbench.memory import training_step_bytes
 from workbench.registry import methods
 
@@ -53,7 +54,8 @@ def cut(graph: Graph, fraction: float, features: int, dense: bool) -> Graph:
 
 def epoch_costs(task: CSBMTask, name: str, batch: PairSample, steps: int) -> dict:
     """Median wall / CPU seconds of an epoch (training step + validation pass) and the step's peak tensor bytes."""
-    method_name, _, model_name = ENTRIES.get(name, name).partition("@")
+    entry = MethodEntry.parse(ENTRIES.get(name, name))
+    method_name, model_name = entry.method, entry.model
     method = methods.get(method_name)()
     torch.manual_seed(0)
     model = method.prepare(task.load_model(model_name or None))

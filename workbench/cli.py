@@ -15,6 +15,7 @@ import logging
 import shutil
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -60,7 +61,8 @@ def _metavar(option: Any) -> str | None:
     return {int: "INT", float: "FLOAT"}.get(option.type, "TEXT")
 
 
-#: Every word ``--help`` shows after a flag (`_metavar`, `_RUN_METAVARS`, each command's own), one small vocabulary:
+#: Every word ``--help`` shows after a flag (`_metavar`, `workbench.settings.Setting.metavar`, each command's own), one
+#: small vocabulary:
 #: numbers by their type, names by what they name, files by their kind (``tests/test_newcomer_items.py`` holds every
 #: option of every command to it).
 METAVARS = frozenset({
@@ -70,9 +72,58 @@ METAVARS = frozenset({
     "COMMAND", "ACTION",  # sub-commands
 })  # fmt: skip
 
-#: ``adapt``'s run flags that are not a plain number (a choice shows its choices instead).
-_RUN_METAVARS = {"domain": "TASK", "method": "METHOD", "baselines": "METHODS", "data": "PATH", "model": "MODEL",
-                 "out": "DIR", "select_on": "METRIC", "seed": "SEED"}  # fmt: skip
+class _RenamedFlag(argparse.Action):
+    """A renamed option's or setting's earlier flag: it sets the current one's value, with a one-line `FutureWarning`
+    (`workbench.options.RenamedFrom`); hidden from ``--help``."""
+
+    def __init__(self, option_strings: list[str], dest: str, notice: str, **kwargs: Any):
+        self.notice = notice
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        warnings.warn(self.notice, FutureWarning, stacklevel=2)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def _add_renamed_flag(group: Any, declared: Any, dest: str, owner: str) -> bool:
+    """The hidden earlier flag of ``declared`` (an option or setting with a ``renamed_from`` still accepted), writing
+    into ``dest``; whether one was added."""
+    earlier = declared.renamed_from
+    if earlier is None or not earlier.accepted():
+        return False
+    flag = "--" + earlier.name.replace("_", "-")
+    notice = f"{owner}{earlier.notice(flag, declared.flag)}"
+    if declared.type is bool:
+        group.add_argument(flag, dest=dest, action=_RenamedFlag, notice=notice, nargs=0, const=True,
+                           default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # fmt: skip
+    else:
+        group.add_argument(flag, dest=dest, action=_RenamedFlag, notice=notice, type=declared.type,
+                           choices=declared.choices, metavar=None if declared.choices else _metavar(declared),
+                           default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # fmt: skip
+    return True
+
+
+def _add_settings(group: Any, command: str, shown: dict[str, Any] | None = None) -> None:
+    """The flags of the run settings ``command`` takes (`workbench.settings.settings_for`), each with its declared
+    help and default (``shown``: setting name -> the value the chosen task gives it, said instead), and the hidden
+    earlier flag of a renamed one."""
+    from workbench.settings import settings_for
+
+    for setting in settings_for(command):
+        if setting.type is bool:
+            group.add_argument(setting.flag, dest=setting.name, action="store_true", help=setting.help)
+            _add_renamed_flag(group, setting, setting.name, "")
+            continue
+        text = _domain_help() if setting.name == "domain" else setting.help
+        if setting.name in (shown or {}):
+            text = _with_default(_without_default(text), shown[setting.name])
+        elif not setting.required:
+            text = _with_default(text, "the task's" if setting.default is None else setting.default)
+        metavar = None if setting.choices else setting.metavar or _metavar(setting)
+        group.add_argument(setting.flag, dest=setting.name, type=setting.type, choices=setting.choices,
+                           default=setting.default, required=setting.required, metavar=metavar,
+                           help=text)  # fmt: skip
+        _add_renamed_flag(group, setting, setting.name, "")
 
 
 def _domain_help() -> str:
@@ -103,6 +154,7 @@ def _add_plugin_options(
     from workbench.options import conditions, offered
 
     added: dict[str, str] = {}
+    renamed: list[tuple[Any, Any, str]] = []  # (group, option, owner): earlier flags, added once every name is known
     for kind in kinds:
         plugins, attribute, label = _OPTION_KINDS[kind]
         known = getattr(registry, plugins)
@@ -117,6 +169,7 @@ def _add_plugin_options(
                 if option.name in added:
                     continue  # e.g. a task and its method declaring one name: said once, set in Python
                 added[option.name] = f"{label} {name}"
+                renamed.append((group, option, f"{label} {name}: "))
                 text = _with_default(option.help, values[option.name])
                 if conditions(declared, option, values):
                     text += f" ({'; '.join(conditions(declared, option, values))})"
@@ -129,6 +182,10 @@ def _add_plugin_options(
                     metavar = "{" + ",".join(map(str, shown)) + "}" if choices and shown != choices else None
                     group.add_argument(option.flag, dest=f"opt_{option.name}", type=option.type, choices=choices,
                                        metavar=metavar or _metavar(option), help=text)  # fmt: skip
+    for group, option, owner in renamed:  # an earlier name another chosen plug-in declares now stays that one's
+        if option.renamed_from and option.renamed_from.name not in added:
+            if _add_renamed_flag(group, option, f"opt_{option.name}", owner):
+                added[option.renamed_from.name] = owner
 
 
 def _given_options(args: argparse.Namespace, owners: dict[str, tuple[str, Sequence[Any]]]) -> dict[str, dict]:
@@ -282,9 +339,8 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     evaluate.add_argument("--run", metavar="RUN", help="run directory")
     evaluate.add_argument("--data", metavar="PATH", help="data to score on (default: the run's own); its test split "
                           "is used")  # fmt: skip
-    evaluate.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    _add_settings(evaluate, "evaluate")
     _add_trust_modified(evaluate)
-    _add_threads(evaluate)
 
     _add_data_commands(commands, chosen)
 
@@ -326,23 +382,8 @@ def _add_adapt_command(commands: Any, chosen: dict[str, list[str]] | None, examp
         epilog=examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from workbench.config import RunRequest
-
     run_flags = adapt.add_argument_group("run options" + (f" (defaults: task {task}'s)" if task else ""))
-    for parameter in RunRequest.parameters():
-        meta = parameter.metadata
-        flag = meta["flag"] or "--" + parameter.name.replace("_", "-")
-        if parameter.type in ("bool", bool):
-            run_flags.add_argument(flag, dest=parameter.name, action="store_true", help=meta["help"])
-            continue
-        text = _domain_help() if parameter.name == "domain" else meta["help"]
-        if parameter.name in defaults:
-            text = _with_default(_without_default(text), defaults[parameter.name])
-        elif parameter.default is not dataclasses.MISSING:
-            text = _with_default(text, "the task's" if parameter.default is None else parameter.default)
-        metavar = None if "choices" in meta["argparse"] else _RUN_METAVARS.get(parameter.name)
-        metavar = metavar or {int: "INT", float: "FLOAT"}.get(meta["argparse"].get("type"), metavar)
-        run_flags.add_argument(flag, dest=parameter.name, help=text, metavar=metavar, **meta["argparse"])
+    _add_settings(run_flags, "adapt", defaults)
     run_flags.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     run_flags.add_argument("--quiet", action="store_true", help="print only the result table and the run folder: no "
                            "progress bars, no log lines (warnings still go to stderr)")  # fmt: skip
@@ -364,7 +405,6 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
     the chosen task's options."""
     from workbench.comparison import BUDGETS, DEVELOPMENT_SEEDS_BELOW, EXECUTORS, FIRST_REPORTED_SEED, CompareSpec
     from workbench.statistics import MIN_UNITS
-    from workbench.trainer import SCHEDULES
 
     spec = {f.name: f.default for f in dataclasses.fields(CompareSpec) if f.default is not dataclasses.MISSING}
     seeds = _seeds_text(spec["seeds"])
@@ -403,30 +443,13 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
         f"seeds: 200,201 or 200-204; a verdict needs at least {MIN_UNITS}", seeds))  # fmt: skip
     flags.add_argument("--budget", default=spec["budget"], choices=BUDGETS, help=_with_default(
         "steps: same epochs, no early stopping; convergence: same early-stopping rule", spec["budget"]))  # fmt: skip
-    for name, kind, text in (
-        ("epochs", int, "epochs of every method (maximum under convergence; default: the task's)"),
-        ("patience", int, "early-stopping patience under --budget convergence (default: the task's)"),
-        ("train-size", int, "training samples (default: the task's)"),
-        ("val-size", int, "validation samples (default: the task's)"),
-        ("batch-size", int, "samples per step (default: the task's)"),
-        ("lr", float, "one learning rate for every method (default: each method's own)"),
-    ):
-        flags.add_argument(f"--{name}", type=kind, metavar=kind.__name__.upper(), help=text)
     flags.add_argument("--fold-val-share", type=float, default=spec["val_share"], metavar="FLOAT", help=_with_default(
         "share of a fold's non-test groups that validates", spec["val_share"]))  # fmt: skip
     flags.add_argument("--lr-grid", metavar="RATES", help="learning rates each method chooses from per cell on the "
                        "validation objective (--select-on) (default: none, --lr or each method's own)")  # fmt: skip
-    flags.add_argument("--schedule", default=spec["schedule"], choices=SCHEDULES, help=_with_default(
-        "every method's learning-rate schedule (see `workbench adapt --help`)", spec["schedule"]))  # fmt: skip
-    flags.add_argument("--warmup-share", type=float, default=spec["warmup_share"], metavar="FLOAT", help=_with_default(
-        "share of steps warming up under linear", spec["warmup_share"]))  # fmt: skip
-    flags.add_argument("--select-on", default=spec["select_on"], metavar="METRIC", help=_with_default(
-        "loss or a task metric: chooses the epoch and stops", spec["select_on"]))  # fmt: skip
     flags.add_argument("--set", action="append", default=[], metavar="METHOD.OPTION=VALUE",
                        help="an option of one compared entry (repeatable): METHOD:VARIANT.OPTION=VALUE (default: "
                        "each method's own options)")  # fmt: skip
-    flags.add_argument("--data", metavar="PATH", help="your data (default: the task's embedded data)")
-    flags.add_argument("--model", metavar="MODEL", help="a registered model or checkpoint (default: the task's model)")
     flags.add_argument("--out", metavar="DIR", help="output folder (default: runs/compare-<task>-<time>)")
     flags.add_argument("--rerun-cell", nargs=2, metavar=("ID", "DIR"),
                        help="run the recorded cell ID (METHOD/foldK-seedS) of the comparison in DIR again in a "
@@ -440,6 +463,7 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
     flags.add_argument("--scheduler", metavar="ADDRESS",
                        help="address of a running Dask scheduler (default: a local Dask cluster)")  # fmt: skip
     flags.add_argument("--quiet", action="store_true", help="no design, progress bar or table (warnings stay)")
+    _add_settings(compare.add_argument_group("run options (every cell's, as workbench adapt takes them)"), "compare")
     power = compare.add_argument_group("planning (no cell is run)")
     power.add_argument("--plan", action="store_true", help="print the design, the minimum detectable difference of "
                        "the planned seeds (80 %% power) and, with --effect, the seeds needed; run nothing")  # fmt: skip
@@ -461,9 +485,11 @@ def _seeds_text(seeds: Sequence[int]) -> str:
 
 def _compare_spec(args: argparse.Namespace) -> Any:
     """The `workbench.comparison.CompareSpec` of a ``compare`` command line."""
-    from workbench.comparison import CompareSpec, parse_label
+    from workbench.comparison import CompareSpec, entry_of
     from workbench.errors import UserError
+    from workbench.options import renamed
     from workbench.registry import methods, tasks
+    from workbench.settings import settings_for
 
     if args.domain is None or args.methods is None:
         raise UserError("compare needs --domain and --methods (or --rerun-cell ID DIR to run a recorded cell again)")
@@ -485,9 +511,10 @@ def _compare_spec(args: argparse.Namespace) -> Any:
         label, dot, option = target.rpartition(".")
         if not (equals and dot and label and option):
             raise UserError(f"--set takes METHOD.OPTION=VALUE (METHOD as --methods names it), got {text!r}")
-        method = parse_label(label)[0]
+        method = entry_of(label).method
         declared = {o.name: o for o in methods.get(method).options}
         name = option.replace("-", "_")
+        [name] = renamed(f"--set {text}: method '{method}'", declared.values(), {name: None})  # an earlier name: now
         if name not in declared:
             raise UserError(f"--set {text}: method '{method}' has no option {name} (it takes {sorted(declared)})")
         kind = declared[name].type
@@ -497,12 +524,10 @@ def _compare_spec(args: argparse.Namespace) -> Any:
     options = _given_options(args, {"task": (args.domain, task_cls.options)})["task"]
     return CompareSpec(
         domain=args.domain, methods=method_names, reference=args.reference or "", learner=args.learner or "",
-        folds=args.folds,
-        seeds=numbers(args.seeds, int, "--seeds"), budget=args.budget, epochs=args.epochs, patience=args.patience,
-        train_size=args.train_size, val_size=args.val_size, batch_size=args.batch_size, learning_rate=args.lr,
+        folds=args.folds, seeds=numbers(args.seeds, int, "--seeds"), budget=args.budget,
         lr_grid=numbers(args.lr_grid, float, "--lr-grid") if args.lr_grid else (), val_share=args.fold_val_share,
-        data=args.data, model=args.model, task_options=options, method_options=method_options,
-        schedule=args.schedule, warmup_share=args.warmup_share, select_on=args.select_on,
+        task_options=options, method_options=method_options,
+        **{setting.name: getattr(args, setting.name) for setting in settings_for("compare")},
     )  # fmt: skip
 
 
@@ -646,12 +671,13 @@ def _adapt_description(task: str | None, defaults: dict[str, Any]) -> str:
             "Every task and method: workbench list. A task's options, its default method's and the real defaults:\n"
             "  workbench adapt --domain TASK --help\n  workbench adapt --domain TASK --method METHOD --help"
         )
+    from workbench.config import MethodEntry
     from workbench.registry import tasks
 
     task_cls = tasks.get(task)
     method = defaults["method"]
     others = [name for name in dict.fromkeys([task_cls.default_method, *task_cls.baselines]) if name != method]
-    others = [name.split("@")[0] for name in others]
+    others = [MethodEntry.parse(name).method for name in others]
     lines = [
         f"Task {task}: {task_cls.description}",
         f"Below: the run options, the options of task {task} and those of method {method} (the task's default "
@@ -765,11 +791,26 @@ def _quiet_console() -> None:
             handler.setLevel(logging.WARNING)
 
 
+def adapt_request(args: argparse.Namespace) -> Any:
+    """The `workbench.config.RunRequest` of a parsed ``adapt`` command line: the run flags given, the task's and the
+    method's options."""
+    from workbench.config import RunRequest
+    from workbench.registry import methods, tasks
+
+    task_cls = tasks.get(args.domain)
+    method_name = args.method or task_cls.default_method
+    given = {p.name: getattr(args, p.name) for p in RunRequest.parameters() if getattr(args, p.name) is not None}
+    options = _given_options(
+        args, {"task": (args.domain, task_cls.options), "method": (method_name, methods.get(method_name).options)}
+    )
+    return RunRequest(**given, task_options=options["task"], method_options=options["method"])
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if getattr(args, "quiet", False):
         _quiet_console()
-    from workbench.registry import methods, tasks
+    from workbench.registry import tasks
     from workbench.threads import use_threads
 
     if args.command != "adapt" and hasattr(args, "threads"):  # adapt chooses its own (and keeps it on --resume)
@@ -778,17 +819,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.command == "list":
         print(_list())
     elif args.command == "adapt":
-        from workbench.config import RunRequest
         from workbench.run import run_request
 
         task_cls = tasks.get(args.domain)
-        method_name = args.method or task_cls.default_method
-        given = {p.name: getattr(args, p.name) for p in RunRequest.parameters() if getattr(args, p.name) is not None}
-        options = _given_options(
-            args, {"task": (args.domain, task_cls.options), "method": (method_name, methods.get(method_name).options)}
-        )
-        request = RunRequest(**given, task_options=options["task"], method_options=options["method"])
-        finished = run_request(request, resume=args.resume, quiet=args.quiet)
+        finished = run_request(adapt_request(args), resume=args.resume, quiet=args.quiet)
         from workbench.trainer import distributed
 
         if args.quiet and distributed()[0] == 0:  # quiet: the result only (`run_request` prints it when not quiet)
@@ -874,6 +908,11 @@ def _seal_line(run: str, sealed: dict[str, Any]) -> str:
     return f"run {run}: {sealed['status']}: " + "; ".join(sealed["problems"])
 
 
+def _one_line_warning(message: Any, category: type, *where: Any, **more: Any) -> None:
+    """How the command line shows a Python warning (a renamed flag's `FutureWarning`): one line on stderr."""
+    print(f"workbench: warning: {message}", file=sys.stderr)
+
+
 #: How an interrupted command continues, by command (the others start again).
 _CONTINUES = {
     "adapt": "continue with the same command plus --resume (and the same --out)",
@@ -893,7 +932,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     words = list(sys.argv[1:] if argv is None else argv)
     command = words[0] if words else ""
     try:
-        code = run(words)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            code = run(words)
     except UserError as error:
         message = str(error)
         if isinstance(error, PathOutsideData) and command not in _TASK_OPTION_COMMANDS:  # it takes no such flag

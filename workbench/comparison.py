@@ -41,7 +41,6 @@ import math
 import multiprocessing
 import os
 import platform
-import re
 import signal
 import subprocess
 import sys
@@ -58,12 +57,14 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.checkpoint import write_json, write_text
-from workbench.config import RunConfig, resolve_config
+from workbench.config import MethodEntry, RunConfig, resolve_config
 from workbench.errors import UserError
 from workbench.fingerprint import data_fingerprint
+from workbench.options import renamed
 from workbench.registry import methods, models, tasks
 from workbench.rundir import claim_run_dir
 from workbench.seal import seal, verify
+from workbench.settings import settings_for, with_settings
 from workbench.statistics import MIN_UNITS
 
 _log = logging.getLogger("workbench")
@@ -85,21 +86,24 @@ UNHASHED = ("out", "threads")
 RERUN_TOLERANCE = 1e-9
 
 
-def parse_label(label: str) -> tuple[str, str | None]:
-    """(method, registered model or None) of a compared entry ``METHOD[@MODEL][:VARIANT]``: ``full@OTHER`` is full
+def entry_of(label: str) -> MethodEntry:
+    """The `workbench.config.MethodEntry` of a compared label ``METHOD[@MODEL][:VARIANT]``: ``full@OTHER`` is full
     training of the registered model ``OTHER``; ``METHOD:VARIANT`` is ``METHOD`` with the options `CompareSpec.
     method_options` gives that label (a variant compared beside plain ``METHOD``)."""
-    entry = label.split(":", 1)[0]
-    method, _, model = entry.partition("@")
-    return method, model or None
+    try:
+        return MethodEntry.parse(label)
+    except UserError as error:
+        raise UserError(f"--methods: {error}") from None
 
 
-@dataclass(frozen=True)
+@with_settings("compare")
 class CompareSpec:
-    """What a comparison runs: everything that determines its numbers (``spec.json``)."""
+    """What a comparison runs: everything that determines its numbers (``spec.json``): its own fields, then the run
+    settings ``compare`` takes (`workbench.settings.settings_for`: data, model, epochs, sizes, patience under
+    ``convergence``, one learning rate, schedule, selection), handed to every cell's run."""
 
     domain: str
-    #: Compared entries, ``METHOD[@MODEL][:VARIANT]`` (`parse_label`).
+    #: Compared entries, ``METHOD[@MODEL][:VARIANT]`` (`workbench.config.MethodEntry`).
     methods: tuple[str, ...]
     #: The method every other is paired against (default: the first).
     reference: str = ""
@@ -113,25 +117,10 @@ class CompareSpec:
     #: `statistics.MIN_UNITS` reported seeds (100, 101, 102): the fewest units that can give a verdict.
     seeds: tuple[int, ...] = tuple(range(FIRST_REPORTED_SEED, FIRST_REPORTED_SEED + MIN_UNITS))
     budget: str = "steps"
-    #: Epochs of every method (``steps``) or their maximum (``convergence``); None: the task's.
-    epochs: int | None = None
-    #: Early-stopping patience under ``convergence`` (None: the task's); ``steps`` trains every epoch.
-    patience: int | None = None
-    train_size: int | None = None
-    val_size: int | None = None
-    batch_size: int | None = None
-    #: One learning rate for every method (None: each method's own, or the task's).
-    learning_rate: float | None = None
     #: Learning rates each method chooses from per cell on its validation loss (empty: no choice).
     lr_grid: tuple[float, ...] = ()
     #: Share of the non-test groups that validates (at least one group).
     val_share: float = 0.2
-    #: Every method's learning-rate schedule, warm-up share and selection (`workbench.trainer.TrainSettings`).
-    schedule: str = "plateau"
-    warmup_share: float = 0.0
-    select_on: str = "loss"
-    data: str | None = None
-    model: str | None = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
     #: Options per compared entry (its label in `methods`).
     method_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -152,12 +141,10 @@ class CompareSpec:
         if len(set(self.methods)) != len(self.methods):
             raise UserError(f"--methods names a method twice: {','.join(self.methods)}")
         for label in self.methods:
-            if not re.fullmatch(r"[A-Za-z0-9_.+-]+(@[A-Za-z0-9_.+-]+)?(:[A-Za-z0-9_.+=-]+)?", label):
-                raise UserError(f"--methods: {label!r} is not METHOD[@MODEL][:VARIANT] (letters, digits, _.+-)")
-            method, model = parse_label(label)
-            methods.get(method)
-            if model is not None:
-                models.get(model)
+            entry = entry_of(label)
+            methods.get(entry.method)
+            if entry.model is not None:
+                models.get(entry.model)
         if self.reference not in self.methods:
             raise UserError(f"--reference {self.reference} is not one of --methods {','.join(self.methods)}")
         if self.learner and self.learner not in self.methods:
@@ -182,7 +169,9 @@ class CompareSpec:
 
     @classmethod
     def from_dict(cls, content: Mapping[str, Any]) -> "CompareSpec":
-        """The spec a ``spec.json`` holds (fields added since it was written take their defaults)."""
+        """The spec a ``spec.json`` holds (fields added since it was written take their defaults; a setting renamed
+        since, its current name)."""
+        content = renamed("spec.json", settings_for("compare"), content)
         return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in content.items()})
 
     @property
@@ -349,29 +338,24 @@ def cell_request(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | Non
 
     epochs = spec.epochs if spec.epochs is not None else tasks.get(spec.domain).defaults.get(
         "epochs", TrainSettings.epochs)  # fmt: skip
-    method, model = parse_label(cell.method)
-    return RunRequest(
-        domain=spec.domain,
-        method=method,
-        baselines=(),
-        data=spec.data,
-        model=model or spec.model,
-        out=str(run_dir),
-        epochs=epochs,
-        train_size=spec.train_size,
-        val_size=spec.val_size,
-        batch_size=spec.batch_size,
-        patience=epochs if spec.budget == "steps" else spec.patience,
-        learning_rate=rate,
-        seed=cell.seed,
-        threads=threads,
-        task_options=dict(spec.task_options),
-        method_options=dict(spec.method_options.get(cell.method, {})),
-        split=cell.split,
-        schedule=spec.schedule,
-        warmup_share=spec.warmup_share,
-        select_on=spec.select_on,
-    )
+    entry = entry_of(cell.method)
+    shared = {setting.name: getattr(spec, setting.name) for setting in settings_for("compare")}
+    return RunRequest(**{
+        **shared,
+        "domain": spec.domain,
+        "method": entry.method,
+        "baselines": (),
+        "model": entry.model or spec.model,
+        "out": str(run_dir),
+        "epochs": epochs,
+        "patience": epochs if spec.budget == "steps" else spec.patience,
+        "learning_rate": rate,
+        "seed": cell.seed,
+        "threads": threads,
+        "task_options": dict(spec.task_options),
+        "method_options": dict(spec.method_options.get(cell.method, {})),
+        "split": cell.split,
+    })
 
 
 def _cell_run(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, threads: int | None) -> dict:
@@ -532,7 +516,7 @@ def _check_spec(out: Path, spec: CompareSpec) -> bool:
 #: How messages name a `CompareSpec` field whose flag is not its name.
 _SPEC_FLAGS = {
     "val_share": "val_share (--fold-val-share)",
-    "learning_rate": "learning_rate (--lr)",
+    **{s.name: f"{s.name} ({s.flag})" for s in settings_for("compare") if s.flag != "--" + s.name.replace("_", "-")},
     "method_options": "method_options (--set)",
     "task_options": "task_options (the task's flags)",
 }

@@ -2,15 +2,45 @@
 
 A choice may hold only beside other options' values (`Option.requires`: ``--scaling X`` only with ``--init X``),
 and an owner may decline a value a related owner takes, saying what to use instead (`Option.refused`);
-`resolve_options` refuses both in the user's words, and ``--help`` offers only what holds.
+`resolve_options` refuses both in the user's words, and ``--help`` offers only what holds. A renamed option keeps
+its earlier name working for one minor version, with a `FutureWarning` (`Option.renamed_from`, `renamed`).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, NamedTuple, Sequence
 
 from workbench.errors import UserError
+
+
+class RenamedFrom(NamedTuple):
+    """An earlier name of an option or setting, and the version that renamed it (``("scaling", "0.1")``): the earlier
+    name keeps working, with a `FutureWarning`, through the next minor version (0.2.x), and stops in `removed_in`."""
+
+    name: str
+    since: str
+
+    @property
+    def removed_in(self) -> str:
+        major, minor = self.since.split(".")[:2]
+        return f"{major}.{int(minor) + 2}"
+
+    def accepted(self, version: str | None = None) -> bool:
+        """Whether the earlier name still works in ``version`` (default: the installed workbench's)."""
+        return _minor(version or importlib.metadata.version("sciadapt-workbench")) < _minor(self.removed_in)
+
+    def notice(self, old: str, new: str) -> str:
+        """The one-line warning for the earlier name said as ``old`` (``--scaling``), the current one as ``new``."""
+        return f"{old} was renamed {new} in {self.since}; {old} stops working in {self.removed_in}: use {new}"
+
+
+def _minor(version: str) -> tuple[int, int]:
+    """(major, minor) of a version such as "0.1.0"."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
 
 
 @dataclass(frozen=True)
@@ -27,6 +57,12 @@ class Option:
     requires: Mapping[Any, Mapping[str, Sequence[Any]]] = field(default_factory=dict)
     #: Values this owner does not take though a related one does: value -> what to use instead.
     refused: Mapping[Any, str] = field(default_factory=dict)
+    #: (earlier name, version that renamed it): the earlier name still works for a while (`RenamedFrom`).
+    renamed_from: RenamedFrom | tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.renamed_from is not None:
+            object.__setattr__(self, "renamed_from", RenamedFrom(*self.renamed_from))
 
     @property
     def flag(self) -> str:
@@ -97,6 +133,7 @@ def resolve_options(owner: str, declared: Sequence[Option], given: dict[str, Any
     outside the choices, one the owner refuses (`Option.refused`) or one that does not hold beside the others
     (`Option.requires`)."""
     known = {option.name: option for option in declared}
+    given = renamed(owner, declared, given)
     unknown = set(given) - set(known)
     if unknown:
         raise UserError(f"{owner} has no option(s) {sorted(unknown)}; it takes {sorted(known) or 'none'}")
@@ -122,6 +159,26 @@ def resolve_options(owner: str, declared: Sequence[Option], given: dict[str, Any
                 fix += f", or use {option.flag} {_either(others)}"
             raise UserError(f"{owner}: {option.said(value)} needs {needs(declared, option, value)} (got {got}): {fix}")
     return values
+
+
+def renamed(owner: str, declared: Sequence[Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` (name -> value) with every earlier name of a ``declared`` option or setting (``renamed_from``) still
+    accepted replaced by its current name, with a one-line `FutureWarning` each. A name some declaration holds now
+    stays its; an earlier name past its `RenamedFrom.removed_in` is left for the caller to refuse as unknown."""
+    current = {o.name for o in declared}
+    earlier = {o.renamed_from.name: o for o in declared if o.renamed_from and o.renamed_from.accepted()}
+    result = {}
+    for name, value in given.items():
+        option = earlier.get(name)
+        if option is None or name in current:
+            result[name] = value
+            continue
+        if option.name in given:
+            raise UserError(f"{owner}: {name!r} is the earlier name of {option.name!r}: give {option.name!r} only")
+        warnings.warn(f"{owner}: {option.renamed_from.notice(repr(name), repr(option.name))}", FutureWarning,
+                      stacklevel=3)  # fmt: skip
+        result[option.name] = value
+    return result
 
 
 def _hashable(value: Any) -> bool:

@@ -38,15 +38,17 @@ from torch import nn
 
 from workbench import item_bootstrap, randomness, report
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
-from workbench.config import MethodEntry, RunConfig, RunRequest, resolve_config
+from workbench.config import MethodEntry, RunConfig, RunRequest, resolve_config, upgraded
 from workbench.errors import UserError
 from workbench.fingerprint import data_changes, data_record, settings_hash
 from workbench.memory import PeakMemory, training_step_bytes
 from workbench.method import Method, PlanInputs, Stage, count_parameters
+from workbench.options import renamed
 from workbench.records import SkipReport
 from workbench.registry import methods, tasks
 from workbench.rundir import check_out_path, claim_file, claim_run_dir
 from workbench.seal import check_run, seal
+from workbench.settings import SETTINGS
 from workbench.task import Evaluation, Task, TaskData
 from workbench.threads import ThreadPolicy
 from workbench.trainer import Trainer, TrainSettings, distributed
@@ -114,10 +116,10 @@ def cast(model: nn.Module, precision: str) -> nn.Module:
 def adapt(domain: str, method: str | None = None, *, resume: bool = False, quiet: bool = False, **settings: Any) -> Run:
     """Adapt the task's pretrained model to its data with ``method``; run the baselines beside it.
 
-    ``settings``: any field of `workbench.config.RunRequest` (``data``, ``model``, ``out``, ``epochs``,
-    ``train_size``, ``baselines``, ``method_options``, ...); every other keyword is an option of the task
-    (``OPTION=value``, as the task declares). ``resume`` continues the interrupted run in ``out``; ``quiet`` hides
-    progress bars and the table.
+    ``settings``: any setting `workbench.settings.SETTINGS` declares (``data``, ``model``, ``out``, ``epochs``,
+    ``train_size``, ``baselines``, ``method_options``, ...; an earlier name of a renamed one, with a `FutureWarning`);
+    every other keyword is an option of the task (``OPTION=value``, as the task declares). ``resume`` continues the
+    interrupted run in ``out``; ``quiet`` hides progress bars and the table.
 
     Example::
 
@@ -126,6 +128,7 @@ def adapt(domain: str, method: str | None = None, *, resume: bool = False, quiet
 
     Returns a `Run` whose ``model`` is the adapted model with its adapters merged.
     """
+    settings = renamed("workbench.adapt", SETTINGS, settings)
     names = {f.name for f in dataclasses.fields(RunRequest)}
     given = {key: value for key, value in settings.items() if key in names}
     task_options = {**given.pop("task_options", {}), **{k: v for k, v in settings.items() if k not in names}}
@@ -446,10 +449,10 @@ def _check_out_dir(out_dir: Path, config: RunConfig, resume: bool, fitted: tuple
             found = f"not YAML: {str(earlier).splitlines()[0]}" if isinstance(earlier, Exception) else "no mapping"
             raise UserError(f"{saved}: damaged ({found}), not the configuration a run writes; this run cannot be "
                             f"resumed: start afresh in another --out")  # fmt: skip
-        now = config.to_dict()
+        now, named_now = config.to_dict(), upgraded(earlier)  # a run written before a rename: its keys as named now
         ignored = {"out", *fitted}
         changed = {
-            key: (earlier.get(key), now[key]) for key in now if key not in ignored and earlier.get(key) != now[key]
+            key: (named_now.get(key), now[key]) for key in now if key not in ignored and named_now.get(key) != now[key]
         }
         if changed:
             details = "; ".join(f"{key}: was {old!r}, now {new!r}" for key, (old, new) in changed.items())
@@ -560,18 +563,7 @@ def _run_method(
     model = method.prepare(copy.deepcopy(base)).to(device)
     trainable, total = count_parameters(model)
     inputs = PlanInputs(
-        TrainSettings(
-            epochs=config.epochs,
-            batch_size=config.batch_size,
-            learning_rate=config.learning_rate or method.learning_rate,
-            seed=config.seed,
-            patience=config.patience,
-            ema_decay=config.ema_decay or None,
-            precision=config.precision,
-            schedule=config.schedule,
-            warmup_share=config.warmup_share,
-            select_on=config.select_on,
-        ),
+        config.train_settings(config.learning_rate or method.learning_rate),
         outputs=run.out_dir / method.name if chosen and run.rank == 0 else None,
         adapted_model=None if chosen else functools.partial(_chosen_model, run.out_dir, config),
     )
@@ -621,7 +613,7 @@ def _trainer(
     return Trainer(
         model, stage.loss, task.collate, train, val, settings, checkpoint_path=checkpoint, device=device,
         progress=progress, label=label or stage.name, epoch_start=stage.on_epoch, gradients=stage.gradients,
-        before_step=stage.before_step, threads=threads,
+        before_step=stage.before_step, threads=threads, frozen=stage.frozen, learning_rates=stage.learning_rates,
         score=None if settings.select_on == "loss" else functools.partial(_validation_score, task, val, device,
                                                                              settings.select_on),
     )  # fmt: skip
