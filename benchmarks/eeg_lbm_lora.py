@@ -22,7 +22,7 @@ accuracy: twice the study's whole gain of an LBM over EEGNet (~1 point).
 The backbones are pretrained on another generator configuration than the test cohorts (`BACKBONES`, made by
 ``python benchmarks/eeg_lbm_lora.py --pretrain``; card labram-benchmark-backbones):
 
-* sleep: `workbench.domains.eeg.generate.SOURCE_SLEEP_COHORT` (seed 7: slower alpha and spindles, steeper 1/f
+* sleep: `workbench.domains.eeg.sleep_simulator.SOURCE_SLEEP_COHORT` (seed 7: slower alpha and spindles, steeper 1/f
   background, amplitudes × 1.25, derivation gains ±25 % per subject, 3 µV amplifier noise), masked patch
   reconstruction as the shipped backbone;
 * motor imagery: other subjects (seed 7) and runs (4, 6, 8, 10 of 6 trials: fists vs feet too, rest windows
@@ -61,7 +61,7 @@ from workbench.comparison_report import Claim
 DATA_SEED = 11
 SUBJECTS = 30
 DATA = Path("benchmarks") / "runs" / "eeg_lbm_lora-data"
-#: Sleep cycles per generated night (`workbench.domains.eeg.generate.SleepCohort.cycles`).
+#: Sleep cycles per generated night (`workbench.domains.eeg.sleep_simulator.SleepCohort.cycles`).
 SLEEP_CYCLES = 5
 #: Imagery runs and trials per run of each generated motor-imagery subject.
 MI_RUNS, MI_TRIALS = (4, 8, 12), 18
@@ -104,7 +104,8 @@ NOT_WORSE = 0.02
 
 def cohort(task: str) -> Path:
     """The generated 30-subject set of ``task`` under `DATA` (written once; the generators are seeded)."""
-    from workbench.domains.eeg.generate import SleepCohort, generate_motor_imagery, generate_sleep_edf
+    from workbench.domains.eeg.generate import generate_motor_imagery, generate_sleep_edf
+    from workbench.domains.eeg.sleep_simulator import SleepCohort
 
     folder = folder_of(task)
     if folder.is_dir():  # written atomically: a folder that exists is complete
@@ -126,8 +127,8 @@ def pretrain_backbones() -> None:
     import tempfile
 
     import torch
-    from workbench.domains.eeg.generate import SOURCE_SLEEP_COHORT
     from workbench.domains.eeg.pretrain import motor_corpus, pretrain_labram, sleep_corpus
+    from workbench.domains.eeg.sleep_simulator import SOURCE_SLEEP_COHORT
     from workbench.domains.eeg.task import SLEEP_CHANNEL_MAP
 
     torch.set_num_threads(1)

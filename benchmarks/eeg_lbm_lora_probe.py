@@ -46,7 +46,8 @@ BANDS_HZ = {"mu": (8.0, 13.0), "beta": (16.0, 26.0)}
 def windows(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
     """(µV windows (n, 9, 640), model inputs (µV / 100), labels, subjects, channels) of the left/right fists."""
     from workbench.domains.eeg.motor import read_eegmmidb
-    from workbench.domains.eeg.task import SENSORIMOTOR_CHANNELS, _keep_classes, scale_windows
+    from workbench.domains.eeg.task import SENSORIMOTOR_CHANNELS, _keep_classes
+    from workbench.domains.eeg.window_task import scale_windows
 
     read = read_eegmmidb(root, channels=SENSORIMOTOR_CHANNELS, on_error="raise")
     read = _keep_classes(read, ("left_fist", "right_fist"), "other class")

@@ -110,8 +110,8 @@ def train_size(domain: str, share: int) -> int | None:
     return None if share == 100 else max(1, round(TRAIN_SAMPLES[domain] * share / 100))
 
 
-#: LIFT's options per domain where the task sets LoRA's own (sleepedf: `workbench.domains.eeg.task.LBM_LORA`, conv +
-#: qkv at rank 8): the same targets, and masks of as many entries as that LoRA's factors (6,812 vs 6,758).
+#: LIFT's options per domain where the task sets LoRA's own (sleepedf: `workbench.domains.eeg.window_task.LBM_LORA`,
+#: conv + qkv at rank 8): the same targets, and masks of as many entries as that LoRA's factors (6,812 vs 6,758).
 LIFT_OPTIONS = {"sleepedf": {"targets": "conv,qkv", "budget_rank": 8}}
 #: Options of every entry on a domain: medvl's comprehension records leave the last vision layer and the generation
 #: projector without gradient (LoRA-One refuses such targets), so every entry adapts the language model's linears

@@ -16,15 +16,15 @@ import mne
 import numpy as np
 import pytest
 from scipy.signal import butter, sosfiltfilt, welch
-from workbench.domains.eeg import generate
+from workbench.domains.eeg import generate, motor_simulator, sleep_simulator
 
 from workbench.errors import UserError
 
 EMBEDDED = Path(generate.__file__).parent / "embedded"
 SLEEP = EMBEDDED / "sleep-edf"
 IMAGERY = EMBEDDED / "eegmmidb"
-FS = generate.PSG_RATE_HZ
-EPOCH = generate.EPOCH_S * FS
+FS = sleep_simulator.PSG_RATE_HZ
+EPOCH = sleep_simulator.EPOCH_S * FS
 
 
 def read_night(root: Path, subject: dict) -> tuple[dict[str, np.ndarray], mne.Annotations, mne.io.BaseRaw]:
@@ -95,12 +95,12 @@ def test_hypnograms_cover_the_recording_in_30_s_multiples(sleep_recipe):
         np.testing.assert_allclose(annotations.onset[1:], (annotations.onset + annotations.duration)[:-1])
         assert annotations.onset[0] == 0 and (annotations.onset + annotations.duration)[-1] == raw.times[-1] + 0.01
         assert np.all(annotations.duration % 30 == 0) and np.all(annotations.duration > 0)
-        letters = {text: letter for letter, text in generate.STAGE_TEXT.items()}
+        letters = {text: letter for letter, text in sleep_simulator.STAGE_TEXT.items()}
         epochs = "".join(letters[t] * int(d // 30) for t, d in zip(annotations.description, annotations.duration))
         assert epochs == s["hypnogram"]
         assert all(stage in epochs for stage in "W1234R")
         texts |= set(annotations.description)
-    assert texts == set(generate.STAGE_TEXT.values())  # every stage, "Sleep stage ?" and "Movement time"
+    assert texts == set(sleep_simulator.STAGE_TEXT.values())  # every stage, "Sleep stage ?" and "Movement time"
 
 
 def test_wake_alpha_peaks_at_the_subjects_frequency_and_fades_in_deep_sleep(sleep_recipe):
@@ -147,7 +147,7 @@ def test_rem_eog_has_more_rapid_eye_movement_power_than_n2(sleep_recipe):
 
 
 def test_sleep_generator_is_deterministic_for_a_seed(tmp_path):
-    (recipe,) = generate.draw_sleep_subjects(1, seed=5)
+    (recipe,) = sleep_simulator.draw_sleep_subjects(1, seed=5)
     recipe = replace(recipe, hypnogram="W2R")
     generate.generate_sleep_edf(tmp_path / "a", seed=5, subjects=[recipe])
     generate.generate_sleep_edf(tmp_path / "b", seed=5, subjects=[recipe])
@@ -162,7 +162,7 @@ def test_sleep_generator_is_deterministic_for_a_seed(tmp_path):
 
 def test_shipped_night_equals_a_regeneration_from_its_recipe(tmp_path, sleep_recipe):
     seed, subjects = generate.sleep_subjects_from_json(SLEEP / "generator.json")
-    assert subjects == generate.draw_sleep_subjects(len(subjects), seed)
+    assert subjects == sleep_simulator.draw_sleep_subjects(len(subjects), seed)
     generate.generate_sleep_edf(tmp_path / "again", seed=seed, subjects=subjects[:1])
     shipped, shipped_annotations, _ = read_night(SLEEP, sleep_recipe["subjects"][0])
     again, again_annotations, _ = read_night(tmp_path / "again", sleep_recipe["subjects"][0])
@@ -247,14 +247,14 @@ def test_band_power_baseline_is_well_below_100_percent(tmp_path):
 
 
 def test_imagery_generator_is_deterministic_and_shipped_run_regenerates(tmp_path, imagery_recipe):
-    (recipe,) = generate.draw_motor_imagery_subjects(1, seed=3, runs=(4,), trials_per_run=2)
+    (recipe,) = motor_simulator.draw_motor_imagery_subjects(1, seed=3, runs=(4,), trials_per_run=2)
     for folder, seed in (("a", 3), ("b", 3), ("c", 4)):
         generate.generate_motor_imagery(tmp_path / folder, seed=seed, subjects=[recipe])
     a, b, c = ((tmp_path / d / "S001" / "S001R04.edf").read_bytes() for d in "abc")
     assert a == b and a != c
 
     seed, subjects = generate.motor_imagery_subjects_from_json(IMAGERY / "generator.json")
-    assert subjects == generate.draw_motor_imagery_subjects(
+    assert subjects == motor_simulator.draw_motor_imagery_subjects(
         len(subjects), seed, difficulty=imagery_recipe["difficulty"]
     )
     generate.generate_motor_imagery(tmp_path / "again", seed=seed, subjects=subjects[:1])
@@ -279,12 +279,12 @@ def test_existing_folder_and_bad_options_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="already exists"):
         generate.generate_motor_imagery(tmp_path / "exists", subjects=1)
     with pytest.raises(UserError, match="difficulty"):
-        generate.draw_motor_imagery_subjects(1, 0, difficulty=1.5)
+        motor_simulator.draw_motor_imagery_subjects(1, 0, difficulty=1.5)
     with pytest.raises(UserError, match="imagery runs"):
-        generate.draw_motor_imagery_subjects(1, 0, runs=(3,))
+        motor_simulator.draw_motor_imagery_subjects(1, 0, runs=(3,))
     with pytest.raises(UserError, match="even"):
-        generate.draw_motor_imagery_subjects(1, 0, trials_per_run=5)
-    (recipe,) = generate.draw_sleep_subjects(1, 0)
+        motor_simulator.draw_motor_imagery_subjects(1, 0, trials_per_run=5)
+    (recipe,) = sleep_simulator.draw_sleep_subjects(1, 0)
     with pytest.raises(UserError, match="hypnogram letters"):
         generate.generate_sleep_edf(tmp_path / "bad", subjects=[replace(recipe, hypnogram="WN2")])
     assert not (tmp_path / "bad").exists() and list(tmp_path.iterdir()) == [tmp_path / "exists"]

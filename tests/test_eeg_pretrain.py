@@ -139,7 +139,8 @@ def test_full_fine_tuning_reads_motor_imagery_from_the_spectrum_backbone(tmp_pat
     run fits its training windows and stays at chance on the held-out ones."""
     from workbench.domains.eeg.generate import generate_motor_imagery
     from workbench.domains.eeg.motor import read_eegmmidb
-    from workbench.domains.eeg.task import SENSORIMOTOR_CHANNELS, _keep_classes, scale_windows
+    from workbench.domains.eeg.task import SENSORIMOTOR_CHANNELS, _keep_classes
+    from workbench.domains.eeg.window_task import scale_windows
     from workbench.models.eeg import CHECKPOINTS, load_labram_weights
 
     torch.set_num_threads(1)

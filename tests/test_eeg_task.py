@@ -19,7 +19,8 @@ import yaml
 pytest.importorskip("braindecode")
 edfio = pytest.importorskip("edfio")
 
-from workbench.domains.eeg.task import EMBEDDED_SLEEP, LBM_LORA, scale_windows  # noqa: E402
+from workbench.domains.eeg.task import EMBEDDED_SLEEP  # noqa: E402
+from workbench.domains.eeg.window_task import LBM_LORA, scale_windows  # noqa: E402
 from workbench.domains.splits import split_subjects  # noqa: E402
 
 import workbench  # noqa: E402

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 pytest.importorskip("wfdb")
 
-from workbench.domains.ecg.readers import EMBEDDED_PTBXL, read_cinc2021, read_ptbxl, read_record  # noqa: E402
+from workbench.domains.ecg.readers import EMBEDDED_PTBXL, read_cinc2021, read_ptbxl  # noqa: E402
 from workbench.domains.ecg.task import PREPROCESSING  # noqa: E402
+from workbench.domains.ecg.wfdb_record import read_record  # noqa: E402
 
 from workbench.errors import UserError  # noqa: E402
 from workbench.records import BadRecordError  # noqa: E402

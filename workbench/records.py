@@ -1,17 +1,23 @@
 """Per-record problems of a reader: a bad file is reported with what is wrong, then skipped or raised, never
 silently dropped or zero-filled. One policy for every task (``--on-bad-record skip|raise``, `ON_BAD_RECORD`): a
 skipped record is warned about on the console, counted in the run's table and listed in ``metrics.json`` and
-``report.md``; ``raise`` stops before the run directory appears (exit code 2).
+``report.md``; ``raise`` stops before the run directory appears (exit code 2). A reader applies it record by record
+through a `Collector`.
 """
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from workbench.errors import UserError
 from workbench.options import Option
+from workbench.paths import PathOutsideData
+
+log = logging.getLogger(__name__)
 
 #: The bad-record policy every task takes (``--on-bad-record``).
 ON_BAD_RECORD = Option(
@@ -90,3 +96,43 @@ class SkipReport:
         if len(self.problems) > limit:
             lines.append(f"  ... and {len(self.problems) - limit} more")
         return "\n".join(lines)
+
+
+class Collector:
+    """A reader's pass over its records in reading order: each record is read inside `record`, and a bad one is
+    skipped (warned about and listed in ``skipped``) or raised, as ``on_error`` (``"skip"`` or ``"raise"``) says.
+
+    A reader keeps what it reads through a subclass (its records, windows, ...). A skipped record is listed under
+    ``report_by``: ``"record"`` the path given to `record` (a record of several files under its main file), ``"file"``
+    the file its `BadRecordError` names (a record's header or one of its data files).
+    """
+
+    def __init__(self, on_error: str, *, report_by: str = "record"):
+        self.on_error = on_error
+        self.report_by = report_by
+        self.skipped = SkipReport()
+
+    @contextmanager
+    def record(self, path: str | Path, *, where: str = ""):
+        """Run the body for one record (counted in ``skipped.seen``). A `UserError` raised inside skips the record or
+        is raised, with ``where`` (a table row, ...) appended to its problem; a `PathOutsideData` is always raised (a
+        data set that names files outside itself is refused as a whole)."""
+        self.skipped.seen += 1
+        try:
+            yield
+        except PathOutsideData:
+            raise
+        except UserError as error:
+            bad = isinstance(error, BadRecordError)
+            record = error.record if bad and self.report_by == "file" else str(path)
+            problem = error.problem if bad else str(error)
+            if problem.startswith(f"{path}: "):
+                problem = problem[len(f"{path}: ") :]
+            if where:
+                problem = f"{problem} ({where})"
+            if self.on_error == "raise":
+                if where:
+                    raise BadRecordError(record, problem) from None
+                raise
+            log.warning("skipping %s: %s", record, problem)
+            self.skipped.add(record, problem)

@@ -4,6 +4,6 @@ What other domains may use (a domain imports another only through its package): 
 WFDB record in mV.
 """
 
-from workbench.domains.ecg.readers import RawEcg, read_raw_record
+from workbench.domains.ecg.wfdb_record import RawEcg, read_raw_record
 
 __all__ = ["RawEcg", "read_raw_record"]

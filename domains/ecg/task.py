@@ -54,17 +54,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from workbench.domains.ecg.ecg_set import PTBXL_FOLDS, EcgSet
 from workbench.domains.ecg.preprocess import EcgPreprocessing
-from workbench.domains.ecg.readers import (
-    EMBEDDED_PTBXL,
-    PTBXL_FOLDS,
-    SUPERCLASSES,
-    EcgSet,
-    read_cinc2021,
-    read_embedded,
-    read_ptbxl,
-    read_record,
-)
+from workbench.domains.ecg.readers import EMBEDDED_PTBXL, SUPERCLASSES, read_cinc2021, read_embedded, read_ptbxl
+from workbench.domains.ecg.wfdb_record import read_record
 
 from workbench import resampled_metrics
 from workbench.errors import UserError, field_error

@@ -10,7 +10,6 @@ other domains may use: a domain imports another only through its package): `draw
 """
 
 from workbench.domains.eeg.channels import ChannelSelection, select_channels, standardize_channel_name
-from workbench.domains.eeg.generate import PSG_RATE_HZ, draw_sleep_subjects, simulate_night
 from workbench.domains.eeg.motor import (
     BCI2A_CHANNELS,
     BCI2A_CLASSES,
@@ -21,6 +20,7 @@ from workbench.domains.eeg.motor import (
     read_eegmmidb,
 )
 from workbench.domains.eeg.readers import EegWindows, read_eeg_folder, read_recording
+from workbench.domains.eeg.sleep_simulator import PSG_RATE_HZ, draw_sleep_subjects, simulate_night
 from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, read_sleep_edf
 
 from workbench.records import BadRecordError, RecordProblem, SkipReport

@@ -33,8 +33,8 @@ import numpy as np
 from workbench.domains.eeg.channels import select_channels
 from workbench.domains.eeg.readers import (
     BadRecordError,
-    Collector,
     EegWindows,
+    WindowCollector,
     allowed_sfreqs_from_card,
     event_windows,
     on_error_from_card,
@@ -127,7 +127,7 @@ def read_bci_iv_2a(
     files = _session_files(root, _GDF, sessions)
     if not files:
         raise UserError(f"{root}: no BCI IV 2a GDF file (A0sT.gdf / A0sE.gdf, sessions {list(sessions)}) found")
-    collector = Collector(on_error, BCI2A_CLASSES)
+    collector = WindowCollector(on_error, BCI2A_CLASSES)
     for path in files:
         with collector.record(path):
             selection, onsets_s = read_annotated_recording(
@@ -240,7 +240,7 @@ def read_bnci_2a_mat(
     files = _session_files(root, _BNCI, sessions)
     if not files:
         raise UserError(f"{root}: no BNCI 2a file (A01T.mat / A01E.mat, sessions {list(sessions)}) found")
-    collector = Collector(on_error, BCI2A_CLASSES)
+    collector = WindowCollector(on_error, BCI2A_CLASSES)
     for path in files:
         with collector.record(path):
             subject = "A" + _BNCI.match(path.name).group(1)
@@ -399,7 +399,7 @@ def read_eegmmidb(
     root = Path(root)
     files = _eegmmidb_runs(root, kind)
     classes = EEGMMIDB_CLASSES + (("rest",) if rest else ())
-    collector = Collector(on_error, classes)
+    collector = WindowCollector(on_error, classes)
     for path, run in files:
         with collector.record(path):
             selection, onsets_s = read_annotated_recording(

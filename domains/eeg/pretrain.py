@@ -51,8 +51,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from torch import nn
-from workbench.domains.eeg.generate import SleepCohort
 from workbench.domains.eeg.readers import EegWindows
+from workbench.domains.eeg.sleep_simulator import SleepCohort
 from workbench.models.eeg import LabramClassifier
 
 from workbench.checkpoint import save_tensors
@@ -148,7 +148,7 @@ class MaskedPatchModel(nn.Module):
 @dataclass(frozen=True)
 class Corpus:
     """Unlabelled windows for pretraining: train and validation signals (n, n_chans, n_times), model inputs scaled
-    by ``scaling`` (`workbench.domains.eeg.task.scale_windows`)."""
+    by ``scaling`` (`workbench.domains.eeg.window_task.scale_windows`)."""
 
     train: np.ndarray
     val: np.ndarray
@@ -158,7 +158,7 @@ class Corpus:
 
 
 def _corpus(windows: EegWindows, scaling: str, description: str) -> Corpus:
-    from workbench.domains.eeg.task import scale_windows
+    from workbench.domains.eeg.window_task import scale_windows
 
     signals = scale_windows(windows.signals_uv, scaling)
     subjects = sorted(set(windows.subjects.tolist()))
@@ -171,7 +171,8 @@ def sleep_corpus(
 ) -> Corpus:
     """20 generated nights (seed `PRETRAIN_SEED`; ``cohort``: their configuration, default the embedded set's) read
     as the ``sleepedf`` task reads Sleep-EDF."""
-    from workbench.domains.eeg.generate import DEFAULT_SLEEP_COHORT, generate_sleep_edf
+    from workbench.domains.eeg.generate import generate_sleep_edf
+    from workbench.domains.eeg.sleep_simulator import DEFAULT_SLEEP_COHORT
     from workbench.domains.eeg.sleepedf import SLEEP_EDF_CHANNELS, read_sleep_edf
 
     cohort = cohort or DEFAULT_SLEEP_COHORT
@@ -194,8 +195,9 @@ def motor_corpus(
 ) -> Corpus:
     """24 generated EEGMMIDB subjects (seed `PRETRAIN_SEED`, imagery runs 4, 6, 8, 10 of 6 trials, the generator's
     default difficulty unless given), every window incl. rest."""
-    from workbench.domains.eeg.generate import DEFAULT_DIFFICULTY, generate_motor_imagery
+    from workbench.domains.eeg.generate import generate_motor_imagery
     from workbench.domains.eeg.motor import read_eegmmidb
+    from workbench.domains.eeg.motor_simulator import DEFAULT_DIFFICULTY
     from workbench.domains.eeg.task import SENSORIMOTOR_CHANNELS
 
     difficulty = DEFAULT_DIFFICULTY if difficulty is None else difficulty

@@ -25,7 +25,6 @@ Shapes:
 from __future__ import annotations
 
 import datetime
-import logging
 import math
 import re
 from collections import Counter
@@ -40,9 +39,7 @@ from workbench.domains.eeg.channels import ChannelSelection, interpolation_sourc
 
 from workbench.datacard import load_card
 from workbench.errors import UserError
-from workbench.records import BadRecordError, SkipReport
-
-log = logging.getLogger(__name__)
+from workbench.records import BadRecordError, Collector, SkipReport
 
 ON_ERROR = ("skip", "raise")
 UNKNOWN = ("error", "ignore")
@@ -446,34 +443,18 @@ def allowed_sfreqs_from_card(value: Sequence[float] | None, card_name: str) -> t
     return None if value is None else tuple(float(rate) for rate in value)
 
 
-class Collector:
-    """Windows of many records in reading order; a bad record is skipped (and reported) or raised."""
+class WindowCollector(Collector):
+    """Windows of many records in reading order; a bad record is skipped (and reported under the path given to
+    `record`) or raised."""
 
     def __init__(self, on_error: str, classes: Sequence[str]):
-        self.on_error = on_error
+        super().__init__(on_error)
         self.classes = tuple(classes)
-        self.skipped = SkipReport()
         self.excluded: Counter[str] = Counter()
         self.notes: list[str] = []
         self._parts: list[tuple[np.ndarray, np.ndarray, str, str, np.ndarray]] = []
         self._ch_names: tuple[str, ...] | None = None
         self._sfreq: float | None = None
-
-    @contextmanager
-    def record(self, path: str | Path):
-        """Run the body for one record (counted in ``skipped.seen``); a `UserError` raised inside skips the record
-        or is raised."""
-        self.skipped.seen += 1
-        try:
-            yield
-        except UserError as error:
-            if self.on_error == "raise":
-                raise
-            problem = error.problem if isinstance(error, BadRecordError) else str(error)
-            if problem.startswith(f"{path}: "):
-                problem = problem[len(f"{path}: ") :]
-            log.warning("skipping %s: %s", path, problem)
-            self.skipped.add(path, problem)
 
     def exclude(self, reason: str, count: int = 1) -> None:
         """Count ``count`` windows (or epochs) left out for ``reason``."""
@@ -530,7 +511,7 @@ class Collector:
 
 
 def event_windows(
-    collector: Collector,
+    collector: WindowCollector,
     path: Path,
     selection: ChannelSelection,
     onsets_s: np.ndarray,
@@ -605,7 +586,7 @@ def read_eeg_folder(
     files = _recording_files(root, extensions)
     classes = tuple(dict.fromkeys(mapping.values()))
     label_of = {description: classes.index(name) for description, name in mapping.items()}
-    collector = Collector(on_error, classes)
+    collector = WindowCollector(on_error, classes)
     for path in files:
         with collector.record(path):
             selection, onsets_s = read_annotated_recording(
@@ -654,7 +635,7 @@ def _recording_files(root: Path, extensions: Sequence[str]) -> list[Path]:
 
 
 def _check_mapped(
-    collector: Collector, path: Path, descriptions: Sequence[str], label_of: Mapping[str, int], unknown: str
+    collector: WindowCollector, path: Path, descriptions: Sequence[str], label_of: Mapping[str, int], unknown: str
 ) -> None:
     """Refuse (``unknown="error"``) or count as excluded the annotation descriptions outside ``label_of``."""
     outside = Counter(str(d) for d in descriptions if d not in label_of)
@@ -670,7 +651,7 @@ def _check_mapped(
 
 
 def _window_onsets(
-    collector: Collector,
+    collector: WindowCollector,
     onsets_s: np.ndarray,
     annotations,
     label_of: Mapping[str, int],

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 from workbench.domains.eeg.readers import (
-    Collector,
     EegWindows,
+    WindowCollector,
     allowed_sfreqs_from_card,
     check_annotations_in_recording,
     check_edf_size,
@@ -140,7 +140,7 @@ def read_sleep_edf(
     pairs, problems = pair_sleep_edf(root)
     if not pairs and not problems:
         raise UserError(f"{root}: no Sleep-EDF files (SC4ssNE0-PSG.edf + SC4ssNx-Hypnogram.edf) found, recursively")
-    collector = Collector(on_error, SLEEP_CLASSES)
+    collector = WindowCollector(on_error, SLEEP_CLASSES)
     for path, problem in problems:
         with collector.record(path):
             raise BadRecordError(path, problem)

@@ -154,7 +154,7 @@ def read_annotated_beats(
     folder the header's data files must lie in, default the header's own, unless ``allow_outside``).
 
     Raises:
-        BadRecordError: the record's checks (`workbench.domains.ecg.readers.read_raw_record`: missing or truncated
+        BadRecordError: the record's checks (`workbench.domains.ecg.read_raw_record`: missing or truncated
             file, missing lead, NaN, flat signal, unexpected rate), a missing or unreadable annotation file, an
             annotation file without any beat annotation (empty, or rhythm/noise annotations only), or an annotation
             outside the record.
