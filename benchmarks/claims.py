@@ -1,12 +1,13 @@
-"""Benchmarks as definitions on `workbench compare`, and the README's claim tables rendered from their results.
+"""Benchmarks as definitions on `workbench compare`, and the documentation's claim tables rendered from their results.
 
 A method-comparison benchmark (``benchmarks/<name>.py``) is a `Benchmark`: what to compare, on what data, which
 claims it tests and their margins. ``python benchmarks/<name>.py`` runs it (`run`: the comparison in
 ``benchmarks/runs/<name>/``, resumable) and writes ``benchmarks/results/<name>.json`` with every cell, the summary and
 each claim's verdict (holds / does not hold / no verdict, Holm over the benchmark's claims:
-`workbench.comparison_report.verdicts`). README.md holds each benchmark's table and verdicts between
-``<!-- rendered: <name> -->`` and ``<!-- end rendered -->``; ``python benchmarks/claims.py`` rewrites those blocks
-from the results files and ``--check`` fails when README.md and the results disagree (``tests/test_readme_claims.py``).
+`workbench.comparison_report.verdicts`). The page that discusses a benchmark (``docs/**/*.md``, or README.md) holds
+its table and verdicts between ``<!-- rendered: <name> -->`` and ``<!-- end rendered -->``, each name on exactly one
+page; ``python benchmarks/claims.py`` rewrites those blocks from the results files and ``--check`` fails when a page
+and the results disagree or a block is on two pages (``tests/test_rendered_claims.py``).
 
 Seeds: new reported numbers use seeds from `workbench.comparison.FIRST_REPORTED_SEED` (200) on; the results kept
 here were measured on seeds 100-199, spent since. ``--dev`` runs seeds 0-1 into ``benchmarks/runs/dev/`` and writes
@@ -31,7 +32,7 @@ from workbench.comparison_report import Claim, did_not_move, moved_text, statist
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-README = HERE.parent / "README.md"
+ROOT = HERE.parent
 BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end rendered -->)", re.S)
 
 
@@ -39,17 +40,17 @@ BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- e
 class Benchmark:
     """A comparison and the claims it tests."""
 
-    #: ``results/<name>.json`` and the README block's name.
+    #: ``results/<name>.json`` and the rendered block's name.
     name: str
     spec: CompareSpec
     claims: tuple[Claim, ...]
-    #: Metrics the README table shows (default: the task's first two).
+    #: Metrics the rendered table shows (default: the task's first two).
     metrics: tuple[str, ...] = ()
     #: What the benchmark leaves out or cuts on this machine (rendered under the table).
     note: str = ""
     #: Display names of the compared entries in the table (default: the labels).
     names: dict[str, str] = field(default_factory=dict)
-    #: The benchmark file that defines it, as the README names it (default: ``<name>.py``).
+    #: The benchmark file that defines it, as the rendered block names it (default: ``<name>.py``).
     script: str = ""
 
 
@@ -112,7 +113,7 @@ def refreshed(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def rendered(result: dict[str, Any]) -> str:
-    """The README block of one results file: how it was measured, the table, the claims' verdicts (or, for the
+    """The rendered block of one results file: how it was measured, the table, the claims' verdicts (or, for the
     coverage simulation, `coverage_summary`)."""
     if result.get("script") == "interval_coverage.py":
         return coverage_summary(result)
@@ -151,7 +152,7 @@ def rendered(result: dict[str, Any]) -> str:
 
 
 def coverage_summary(result: dict[str, Any]) -> str:
-    """The README block of ``results/interval_coverage.json``: per procedure and shape (seeds × folds), the lowest
+    """The rendered block of ``results/interval_coverage.json``: per procedure and shape (seeds × folds), the lowest
     coverage of the nominal 95 % interval and the highest rate of false "better" verdicts over the fold correlations
     and noises simulated."""
     rows = result["rows"]
@@ -186,21 +187,35 @@ def _named(text: str, names: dict[str, str]) -> str:
     return text
 
 
-def render_readme(text: str, results_dir: Path = RESULTS) -> str:
-    """``text`` (README.md) with every rendered block rewritten from its results file."""
+def pages() -> list[Path]:
+    """The files that may hold rendered blocks: README.md and every page of ``docs/``."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def render(text: str, results_dir: Path = RESULTS, page: str = "the page") -> str:
+    """``text`` (a page) with every rendered block rewritten from its results file."""
 
     def block(match: re.Match) -> str:
         path = results_dir / f"{match['name']}.json"
         if not path.is_file():
-            raise SystemExit(f"README.md renders {match['name']}, but {path} does not exist (run the benchmark)")
+            raise SystemExit(f"{page} renders {match['name']}, but {path} does not exist (run the benchmark)")
         return match.group(1) + rendered(json.loads(path.read_text())) + match.group(4)
 
     return BLOCK.sub(block, text)
 
 
+def placed() -> dict[str, list[Path]]:
+    """Each rendered block's name and the pages that hold it (one page, unless a block was copied)."""
+    where: dict[str, list[Path]] = {}
+    for page in pages():
+        for match in BLOCK.finditer(page.read_text()):
+            where.setdefault(match["name"], []).append(page)
+    return where
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="render README.md's claim tables from benchmarks/results/")
-    parser.add_argument("--check", action="store_true", help="exit 1 when README.md differs from the results")
+    parser = argparse.ArgumentParser(description="render the claim tables in docs/ from benchmarks/results/")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a page differs from the results")
     parser.add_argument("--refresh", action="store_true",
                         help="first recompute every results file's summary and claims from its cells")  # fmt: skip
     args = parser.parse_args(argv)
@@ -209,17 +224,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = json.loads(path.read_text())
             if "comparison" in result:
                 write_json(path, refreshed(result))
-    text = README.read_text()
-    new = render_readme(text)
-    if args.check:
+    twice = {name: where for name, where in placed().items() if len(where) > 1}
+    if twice:
+        for name, where in twice.items():
+            listed = ", ".join(str(page.relative_to(ROOT)) for page in where)
+            print(f"block {name} is rendered on {len(where)} pages ({listed}): keep it on one page")
+        return 1
+    differing, count = [], 0
+    for page in pages():
+        text = page.read_text()
+        new = render(text, page=str(page.relative_to(ROOT)))
+        count += len(BLOCK.findall(text))
         if new != text:
-            print("README.md's rendered blocks differ from benchmarks/results/: run python benchmarks/claims.py")
+            differing.append(page.relative_to(ROOT))
+            if not args.check:
+                write_text(page, new)
+    if args.check:
+        if differing:
+            print(f"rendered blocks differ from benchmarks/results/ in {', '.join(map(str, differing))}: run python "
+                  "benchmarks/claims.py")  # fmt: skip
             return 1
-        print(f"README.md agrees with benchmarks/results/ ({len(BLOCK.findall(text))} rendered blocks)")
+        print(f"README.md and docs/ agree with benchmarks/results/ ({count} rendered blocks)")
         return 0
-    if new != text:
-        write_text(README, new)
-    print(f"rendered {len(BLOCK.findall(text))} block(s) into {README}")
+    print(f"rendered {count} block(s); rewrote {len(differing)} page(s)")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The documented API is the API: every import, name and call README.md shows resolves in a fresh process, every
-``workbench ...`` command line it shows is accepted by the parser, and (slow) every Python block runs as written."""
+"""The documented API is the API: every import, name and call that README.md and the documentation pages
+(``docs/**/*.md``) show resolves in a fresh process, every ``workbench ...`` command line they show is accepted by the
+parser, and (slow) every Python block runs as written. README.md stays short and keeps the two commands CI runs."""
 
 from __future__ import annotations
 
@@ -15,16 +16,21 @@ import pytest
 
 from workbench.cli import build_parser
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def _blocks(language: str) -> list[tuple[int, str]]:
-    """(line number, code) of every fenced block of ``language`` in README.md."""
-    text = README.read_text()
-    return [
-        (text[: match.start()].count("\n") + 2, match.group(1))
-        for match in re.finditer(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
-    ]
+def _blocks(language: str) -> list[tuple[str, str]]:
+    """("page:line", code) of every fenced block of ``language`` in README.md and the documentation pages."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        found += [
+            (f"{page.relative_to(ROOT)}:{text[: match.start()].count(chr(10)) + 2}", match.group(1))
+            for match in re.finditer(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
+        ]
+    return found
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -67,29 +73,39 @@ def _resolve_script(code: str) -> str:
 PYTHON_BLOCKS = _blocks("python")
 
 
-def test_readme_has_python_and_shell_blocks():
-    assert len(PYTHON_BLOCKS) >= 2 and len(_blocks("bash")) >= 5
+def test_docs_have_python_and_shell_blocks():
+    assert len(PYTHON_BLOCKS) >= 3 and len(_blocks("bash")) >= 10
 
 
-@pytest.mark.parametrize("line, code", PYTHON_BLOCKS, ids=[f"line{line}" for line, _ in PYTHON_BLOCKS])
-def test_python_block_names_resolve_in_a_fresh_process(line, code):
+def test_readme_is_short_and_keeps_the_command_ci_runs():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    ci = (ROOT / ".ci" / "run").read_text().split("# --- the README's test command, exactly ---\n")[1].splitlines()[0]
+    assert ci in text, f"README.md no longer shows .ci/run's test command: {ci}"
+    assert 'pip install -e ".[atomistic]" && workbench adapt --domain rmd17\n' in text  # the main job
+
+
+@pytest.mark.parametrize("where, code", PYTHON_BLOCKS, ids=[where for where, _ in PYTHON_BLOCKS])
+def test_python_block_names_resolve_in_a_fresh_process(where, code):
     script = _resolve_script(code)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert result.returncode == 0, f"README.md line {line}:\n{script}\n{result.stderr[-2000:]}"
+    assert result.returncode == 0, f"{where}:\n{script}\n{result.stderr[-2000:]}"
 
 
-def _command_lines() -> list[tuple[int, list[str]]]:
-    """(README line, argv after ``workbench``) of every ``workbench ...`` line in the shell blocks."""
+def _command_lines() -> list[tuple[str, list[str]]]:
+    """("page:line", argv after ``workbench``) of every ``workbench ...`` line in the shell blocks."""
     found = []
-    for start, code in _blocks("bash"):
+    for where, code in _blocks("bash"):
+        page, start = where.rsplit(":", 1)
         for offset, raw in enumerate(code.splitlines()):
+            at = f"{page}:{int(start) + offset}"
             line = raw.split(" # ")[0].split("  #")[0].strip()
             for command in line.split(" && "):
                 words = shlex.split(command)
                 if words[:1] == ["workbench"] or words[:3] == ["python", "-m", "workbench"]:
-                    found.append((start + offset, words[3:] if words[0] == "python" else words[1:]))
+                    found.append((at, words[3:] if words[0] == "python" else words[1:]))
                 elif "-m" in words and "workbench" in words:  # torchrun ... -m workbench ...
-                    found.append((start + offset, words[words.index("workbench", words.index("-m")) + 1 :]))
+                    found.append((at, words[words.index("workbench", words.index("-m")) + 1 :]))
     return found
 
 
@@ -97,19 +113,19 @@ def test_every_documented_command_line_parses():
     lines = _command_lines()
     assert len(lines) >= 20
     parser = build_parser()
-    for line, argv in lines:
+    for where, argv in lines:
         if "·" in argv:  # a line listing several commands: "workbench data info X · workbench data check X ..."
             continue
         try:
             parser.parse_args(argv)
         except SystemExit as error:
-            raise AssertionError(f"README.md line {line}: workbench {' '.join(argv)} is refused") from error
+            raise AssertionError(f"{where}: workbench {' '.join(argv)} is refused") from error
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("line, code", PYTHON_BLOCKS, ids=[f"line{line}" for line, _ in PYTHON_BLOCKS])
-def test_python_block_runs_as_written(line, code, tmp_path):
+@pytest.mark.parametrize("where, code", PYTHON_BLOCKS, ids=[where for where, _ in PYTHON_BLOCKS])
+def test_python_block_runs_as_written(where, code, tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=tmp_path, timeout=1800
     )
-    assert result.returncode == 0, f"README.md line {line}:\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"{where}:\n{result.stderr[-3000:]}"

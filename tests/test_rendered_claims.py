@@ -1,0 +1,80 @@
+"""The claim tables of the documentation are rendered from benchmarks/results/*.json (`benchmarks/claims.py`), never
+typed: every block on every page (``docs/**/*.md``, README.md) equals its results file's rendering, and each block
+lives on exactly one page."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _claims():
+    spec = importlib.util.spec_from_file_location("benchmark_claims", ROOT / "benchmarks" / "claims.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_page_agrees_with_the_results_files():
+    claims = _claims()
+    rendered = 0
+    for page in claims.pages():
+        text = page.read_text()
+        rendered += len(claims.BLOCK.findall(text))
+        assert claims.render(text) == text, f"{page.relative_to(ROOT)} differs from its results: benchmarks/claims.py"
+    assert rendered >= 31, "the documentation renders fewer benchmark blocks than README.md did (31)"
+
+
+def test_each_block_is_on_one_page_of_the_docs():
+    claims = _claims()
+    placed = claims.placed()
+    twice = {name: [str(page.relative_to(ROOT)) for page in where] for name, where in placed.items() if len(where) > 1}
+    assert not twice, f"blocks rendered on several pages: {twice}"
+    outside = [name for name, where in placed.items() if (ROOT / "docs") not in where[0].parents]
+    assert not outside, f"blocks outside docs/: {outside}"
+
+
+def test_check_fails_on_a_block_copied_to_a_second_page(tmp_path, monkeypatch):
+    claims = _claims()
+    (tmp_path / "docs").mkdir()
+    page = next(page for page in claims.pages() if claims.BLOCK.search(page.read_text()))
+    block = claims.BLOCK.search(page.read_text()).group(0)
+    (tmp_path / "README.md").write_text(block + "\n")
+    (tmp_path / "docs" / "page.md").write_text(block + "\n")
+    monkeypatch.setattr(claims, "ROOT", tmp_path)  # the pages of a copy: README.md and docs/page.md
+    assert claims.main(["--check"]) == 1
+    (tmp_path / "README.md").write_text("no block\n")
+    assert claims.main(["--check"]) == 0
+
+
+def test_every_results_file_agrees_with_its_own_cells():
+    claims = _claims()
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        result = json.loads(path.read_text())
+        if "comparison" in result:  # a comparison's results (speed benchmarks write their own tables)
+            again = json.dumps(claims.refreshed(result), sort_keys=True)  # as text: NaN (one unit) equals NaN
+            assert again == json.dumps(result, sort_keys=True), f"{path.name}: python benchmarks/claims.py --refresh"
+
+
+def test_a_changed_result_changes_the_page(tmp_path):
+    claims = _claims()
+    name, where = next(
+        (name, where[0])
+        for name, where in claims.placed().items()
+        if "comparison" in json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
+    )
+    text = where.read_text()
+    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "results")
+    path = tmp_path / "results" / f"{name}.json"
+    result = json.loads(path.read_text())
+    first = next(iter(result["comparison"]["summary"].values()))
+    metric = result["table_metrics"][0]
+    first["metrics"][metric]["mean"] += 0.1234
+    path.write_text(json.dumps(result))
+    assert claims.render(text, tmp_path / "results") != text
