@@ -302,6 +302,10 @@ def partial_plan(
         check_every: entropic only — the change is measured at iterations 0, ``check_every``, …
             (default 10, as POT), sparing a device sync and a plan evaluation every iteration.
 
+    Threads: it computes with torch's thread count as the caller left it (a run sets it by its policy). Called from
+    a notebook on a busy machine, wrap it in ``with workbench.threads.following_load(): ...`` (one thread per core
+    beside a busy process is several times slower, `benchmarks/threads_under_load.py`).
+
     Returns:
         The plan, same dtype and device as ``cost``, without gradient: by the envelope theorem the
         gradient of the (exact) partial OT cost in ``C`` is the plan itself, so use ``(plan * C).sum()``.

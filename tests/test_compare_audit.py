@@ -204,4 +204,8 @@ def test_every_task_names_its_default_data():
 
 def test_the_commit_is_none_without_git(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert source_commit() is None
+    source_commit.cache_clear()  # read once per process: the source it imported
+    try:
+        assert source_commit() is None
+    finally:
+        source_commit.cache_clear()

@@ -11,7 +11,7 @@ import torch
 
 import workbench
 from workbench.errors import UserError
-from workbench.threads import busy_elsewhere, choose_threads, usable_cpus, use_threads
+from workbench.threads import busy_elsewhere, choose_threads, following_load, usable_cpus, use_threads
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="affinity masks are a Linux feature")
@@ -38,6 +38,27 @@ def test_busy_processes_are_seen_and_leave_their_cpus(monkeypatch):
 def test_omp_num_threads_from_the_environment_wins(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert choose_threads() == (3, "OMP_NUM_THREADS")
+
+
+def test_a_library_call_follows_the_load_and_gives_the_callers_threads_back(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        with following_load() as threads:
+            assert threads == 2 and torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 1
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(usable_cpus())]
+        try:
+            with following_load() as threads:  # every usable CPU busy elsewhere: one thread, not one per core
+                assert threads == 1 == torch.get_num_threads()
+        finally:
+            for spinner in spinners:
+                spinner.kill()
+                spinner.wait()
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_use_threads_sets_torch_and_refuses_nonsense():

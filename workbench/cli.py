@@ -462,6 +462,15 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
                        help="local processes, or a Dask cluster (pip extra 'cluster') (default: local)")  # fmt: skip
     flags.add_argument("--scheduler", metavar="ADDRESS",
                        help="address of a running Dask scheduler (default: a local Dask cluster)")  # fmt: skip
+    flags.add_argument("--cell-reports", action="store_true",
+                       help="each cell's run writes its own report.md and plots (default: only the comparison's)")
+    flags.add_argument("--no-share", action="store_true",
+                       help="every cell reads, loads, prepares and scores its base model itself instead of once per "
+                       "seed or (fold, seed) and worker: the same numbers, slower (a check)")  # fmt: skip
+    flags.add_argument("--side-by-side", action="store_true",
+                       help="train the seeds of each method and fold as one batched computation where the method "
+                       "and model allow it (metrics equal one seed at a time to rounding; each cell records how it "
+                       "trained)")  # fmt: skip
     flags.add_argument("--quiet", action="store_true", help="no design, progress bar or table (warnings stay)")
     _add_settings(compare.add_argument_group("run options (every cell's, as workbench adapt takes them)"), "compare")
     power = compare.add_argument_group("planning (no cell is run)")
@@ -841,7 +850,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
         out = args.out or f"runs/compare-{args.domain}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
         compare(_compare_spec(args), out, workers=args.workers, threads=args.threads, executor=args.executor,
-                scheduler=args.scheduler, quiet=args.quiet)  # fmt: skip
+                scheduler=args.scheduler, quiet=args.quiet, cell_reports=args.cell_reports,
+                share=not args.no_share, side_by_side=args.side_by_side)  # fmt: skip
     elif args.command == "evaluate":
         from workbench.errors import UserError
         from workbench.run import evaluate_run

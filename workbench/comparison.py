@@ -26,6 +26,11 @@ data now; a damaged ``cell.json`` is a cache (its cell runs again, saying so), o
 processes (which end with this process, however it ends), or on a Dask cluster (`distributed.Client`, whose executor
 has the same interface as the local one; the output folder must then be on a file system every worker sees). The
 results are ``comparison.json`` and ``report.md`` (`workbench.comparison_report`).
+
+Fixed costs are paid once per worker, not per cell: a worker lives for the whole comparison (imports, the registry),
+and the data of a seed, the model, each (fold, seed)'s prepared splits and base-model scores and a method's fold-free
+fits are computed once and shared by its later cells (`workbench.reuse`, exact: the same numbers as computed alone).
+Cells write no ``report.md`` or plots of their own unless asked (the comparison's report and figures always).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import concurrent.futures
 import concurrent.futures.process
 import ctypes
 import dataclasses
+import functools
+import gc
 import hashlib
 import json
 import logging
@@ -56,6 +63,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from workbench import lockstep, reuse
 from workbench.checkpoint import write_json, write_text
 from workbench.config import MethodEntry, RunConfig, resolve_config
 from workbench.errors import UserError
@@ -84,6 +92,8 @@ UNHASHED = ("out", "threads")
 #: Largest absolute difference of a metric that `rerun_cell` counts as reproduced (CPU reruns with one seed and
 #: one thread count are bit-identical).
 RERUN_TOLERANCE = 1e-9
+#: Relative difference allowed, on top, between a cell whose seeds trained side by side and its rerun alone.
+SIDE_BY_SIDE_TOLERANCE = 1e-5
 
 
 def entry_of(label: str) -> MethodEntry:
@@ -240,10 +250,16 @@ def plan_cells(spec: CompareSpec, quiet: bool = True) -> tuple[list[Cell], dict[
     return cells, facts
 
 
-def run_cell(spec: CompareSpec, cell: Cell, out: str, threads: int | None = None) -> dict[str, Any]:
+def run_cell(
+    spec: CompareSpec, cell: Cell, out: str, threads: int | None = None, reports: bool = False, share: bool = True
+) -> dict[str, Any]:
     """Run one cell (each rate of the grid, then keep the one with the best validation objective: the loss, or the
     metric of ``select_on``) and write its record
-    ``<out>/cells/<method>/fold<k>-seed<s>/cell.json``; returns the record. Runs interrupted earlier resume."""
+    ``<out>/cells/<method>/fold<k>-seed<s>/cell.json``; returns the record. Runs interrupted earlier resume.
+
+    ``reports``: each run writes its ``report.md`` and plots; ``share``: the data, model, prepared splits and base
+    scores (and a method's fold-free fits) are shared with the earlier cells this process ran (`workbench.reuse`:
+    the same numbers, computed once)."""
     folder = Path(out) / "cells" / cell.name
     done = folder / "cell.json"
     recorded = _recorded(Path(out), cell)
@@ -252,11 +268,12 @@ def run_cell(spec: CompareSpec, cell: Cell, out: str, threads: int | None = None
     rates = spec.lr_grid or (spec.learning_rate,)
     runs = {}
     start = time.perf_counter()
-    with _quiet_logs():
+    with _quiet_logs(), reuse.sharing(share):
         for rate in rates:
             run_dir = folder if len(rates) == 1 else folder / f"lr{rate:g}"
-            runs[rate] = _cell_run(spec, cell, run_dir, rate, threads)
+            runs[rate] = _cell_run(spec, cell, run_dir, rate, threads, reports)
     wall_seconds = time.perf_counter() - start
+    _freeze_imports()
     chosen = min(runs, key=lambda rate: runs[rate]["best_objective"]) if len(rates) > 1 else rates[0]
     record = {
         "method": cell.method,
@@ -267,11 +284,26 @@ def run_cell(spec: CompareSpec, cell: Cell, out: str, threads: int | None = None
         **runs[chosen],
         "lr_grid": {f"{rate:g}": runs[rate]["best_objective"] for rate in rates} if len(rates) > 1 else {},
         "manifest": cell_manifest(spec, cell, runs[chosen], wall_seconds),
+        **_side_by_side_record(),
     }
     text = json.dumps(record, indent=2) + "\n"
     seal(folder, "cell", pending={"cell.json": text.encode()}, extend=True)  # its run's seal, then the record
     write_text(done, text)
     return record
+
+
+def _side_by_side_record() -> dict[str, Any]:
+    """How the cell running in this thread trained, for its record: ``seeds_side_by_side`` (the seeds its training
+    was batched with, itself included; 1: alone) and ``side_by_side_note`` (why not batched, when it met others);
+    nothing for a cell that ran on its own."""
+    meeting = lockstep.current()
+    if meeting is None:
+        return {}
+    if meeting.fallback is None and not meeting.batched:
+        return {"seeds_side_by_side": 1, "side_by_side_note": "its plan is not one batchable training stage (a loss "
+                "that reads only the model and the batch)"}  # fmt: skip
+    return {"seeds_side_by_side": meeting.batched if meeting.fallback is None else 1,
+            "side_by_side_note": meeting.fallback}  # fmt: skip
 
 
 def cell_manifest(spec: CompareSpec, cell: Cell, run: Mapping[str, Any], wall_seconds: float) -> dict[str, Any]:
@@ -312,6 +344,7 @@ def versions() -> dict[str, str]:
             "scipy": scipy.__version__, "workbench": workbench.__version__}  # fmt: skip
 
 
+@functools.cache  # the source this process imported: its commit when it started
 def source_commit() -> str | None:
     """The git commit of the workbench's source tree, with "+dirty" when a tracked file differs from it; None when
     the package is not a file of a git checkout (an installed wheel) or git cannot be run."""
@@ -358,12 +391,14 @@ def cell_request(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | Non
     })
 
 
-def _cell_run(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, threads: int | None) -> dict:
+def _cell_run(
+    spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, threads: int | None, reports: bool
+) -> dict:
     """One run of a cell at learning rate ``rate``: its test metrics and costs, from its ``metrics.json``."""
     from workbench.run import run_request
 
     request = cell_request(spec, cell, run_dir, rate, threads)
-    run = run_request(request, resume=(run_dir / "config.yaml").is_file(), quiet=True)
+    run = run_request(request, resume=(run_dir / "config.yaml").is_file(), quiet=True, reports=reports)
     result = json.loads((run.path / "results" / f"{request.method}.json").read_text())
     history = result.get("history", [])
     last_stage = history[-1].get("stage") if history else None
@@ -405,6 +440,20 @@ def kept_epoch(history: Sequence[Mapping[str, Any]]) -> int | None:
     return int(kept["epoch"]) + 1
 
 
+def _freeze_imports() -> None:
+    """After this process's first cell: what it imported and built once (modules, the registry) moves out of the
+    garbage collector's sight (`gc.freeze`), so that the full collections that open every memory measurement
+    (`workbench.memory`) scan only what later cells make, not the whole interpreter again."""
+    global _frozen
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen = True
+
+
+_frozen = False
+
+
 @contextmanager
 def _quiet_logs() -> Iterator[None]:
     """The runs of a cell log into their own ``log.txt`` only (the console shows the comparison's progress)."""
@@ -426,6 +475,9 @@ def compare(
     executor: str = "local",
     scheduler: str | None = None,
     quiet: bool = False,
+    cell_reports: bool = False,
+    share: bool = True,
+    side_by_side: bool = False,
 ) -> dict[str, Any]:
     """Run every cell of ``spec`` not yet recorded in ``out``, then write ``comparison.json`` and ``report.md``.
 
@@ -434,7 +486,13 @@ def compare(
     workers than by more threads per cell on small models); ``executor`` "dask" runs them on the Dask cluster at
     ``scheduler`` (an address such as ``tcp://host:8786``), or on a local Dask cluster of ``workers`` processes when
     none is given. Before the data are read, prints the design (`workbench.comparison_report.design`; ``quiet``:
-    only a design that cannot give a verdict, as a warning). Returns the comparison (what ``comparison.json`` holds).
+    only a design that cannot give a verdict, as a warning). ``cell_reports``: every cell's run writes its own
+    ``report.md`` and plots (the comparison's report is always written); ``share``: each worker computes the data,
+    model, splits and base scores of a seed or (fold, seed) once for all its cells (`workbench.reuse`; False: every
+    cell computes its own, the same numbers, slower); ``side_by_side``: the seeds of each method and fold train as
+    one batched computation where the method and model allow it (`workbench.seed_batch`; the metrics equal those of
+    one seed at a time to rounding, not bit for bit; each record says how its cell trained). Returns the comparison
+    (what ``comparison.json`` holds).
     """
     from workbench import comparison_report
 
@@ -461,7 +519,8 @@ def compare(
             write_json(out / "spec.json", spec.to_dict())
         if not (out / COMPUTE).is_file():
             write_json(out / COMPUTE, {"threads": threads})
-        records = _run_cells(spec, cells, out, (workers, threads), executor, scheduler, quiet)
+        records = _run_cells(spec, cells, out, (workers, threads), executor, scheduler, quiet, (cell_reports, share),
+                             side_by_side)  # fmt: skip
         _verify_cells(out, cells)
         comparison = comparison_report.summarise(spec, facts, records)
         write_json(out / "comparison.json", comparison)
@@ -626,7 +685,8 @@ def rerun_cell(out: str | Path, cell_name: str, threads: int | None = None) -> d
     cell recorded (``threads``: others), and set its numbers beside the recorded ones.
 
     Returns ``recorded`` and ``rerun`` (metric -> value), ``differences`` (metric -> absolute difference; None where
-    one side lacks the metric), ``mismatched`` (the metrics whose difference is missing or above `RERUN_TOLERANCE`),
+    one side lacks the metric), ``mismatched`` (the metrics whose difference is missing or above `RERUN_TOLERANCE`,
+    plus `SIDE_BY_SIDE_TOLERANCE` of the value for a cell whose seeds trained side by side),
     ``hashes`` (``config_hash`` and ``data_fingerprint``: ``recorded``, ``rerun`` and ``match``, None for a record
     without a manifest), ``changed`` (package versions and commit that differ from the manifest's: "torch 2.6.0 ->
     2.7.0"), ``manifests`` (``recorded``, ``rerun``), ``threads`` and ``matches``: no metric and no hash differs.
@@ -656,7 +716,7 @@ def rerun_cell(out: str | Path, cell_name: str, threads: int | None = None) -> d
     previous = torch.get_num_threads()  # the rerun sets this process's threads: give the caller's back
     try:
         with tempfile.TemporaryDirectory(prefix="workbench-rerun-") as folder:
-            rerun = run_cell(spec, cell, folder, threads)
+            rerun = run_cell(spec, cell, folder, threads, share=False)  # computes everything itself
     finally:
         torch.set_num_threads(previous)
     recorded, again = record["metrics"], rerun["metrics"]
@@ -664,7 +724,14 @@ def rerun_cell(out: str | Path, cell_name: str, threads: int | None = None) -> d
         name: _difference(recorded[name], again[name]) if name in recorded and name in again else None
         for name in {**recorded, **again}
     }
-    mismatched = [name for name, value in differences.items() if value is None or value > RERUN_TOLERANCE]
+    batched = (record.get("seeds_side_by_side") or 1) > 1  # rerun alone: equal to rounding (`workbench.seed_batch`)
+
+    def allowed(name: str) -> float:
+        value = recorded.get(name)
+        relative = SIDE_BY_SIDE_TOLERANCE * abs(value) if batched and isinstance(value, (int, float)) else 0.0
+        return RERUN_TOLERANCE + relative
+
+    mismatched = [name for name, value in differences.items() if value is None or value > allowed(name)]
     before, after = record.get("manifest") or {}, rerun["manifest"]
     hashes = {
         key: {"recorded": before.get(key), "rerun": after[key], "match": before[key] == after[key] if before else None}
@@ -709,10 +776,11 @@ def _difference(recorded: Any, rerun: Any) -> float | None:
 
 def _run_cells(
     spec: CompareSpec, cells: list[Cell], out: Path, parallel: tuple[int, int], executor: str, scheduler: str | None,
-    quiet: bool,
+    quiet: bool, costs: tuple[bool, bool] = (False, True), side_by_side: bool = False,
 ) -> list[dict[str, Any]]:
     """Every cell's record, in the order of ``cells``: recorded ones read, the others run (``parallel``: workers,
-    threads per cell)."""
+    threads per cell; ``costs``: `run_cell`'s ``reports`` and ``share``; ``side_by_side``: the seeds of each method
+    and fold together, `run_cells_together`)."""
     workers, threads = parallel
     records: dict[str, dict[str, Any]] = {}
     todo = []
@@ -732,23 +800,57 @@ def _run_cells(
         _log.warning("%d recorded cell(s) of %s have no data fingerprint (recorded before cells had a manifest): "
                      "their data are not checked", unchecked, out)  # fmt: skip
     bar = tqdm(total=len(cells), initial=len(records), desc="cells", unit="cell", disable=quiet)
+    groups = _side_by_side_groups(todo) if side_by_side else [[cell] for cell in todo]
     with _executor(workers, executor, scheduler, quiet) as pool:
         if pool is None:
             previous = torch.get_num_threads()  # a cell sets this process's threads: give the caller's back
             try:
-                for cell in todo:
-                    records[cell.name] = _checked(cell, lambda cell=cell: run_cell(spec, cell, str(out), threads))
-                    bar.update(1)
+                for group in groups:
+                    run = functools.partial(run_cells_together, spec, group, str(out), threads, *costs)
+                    records.update(zip((cell.name for cell in group), _checked(group[0], run)))
+                    bar.update(len(group))
             finally:
                 torch.set_num_threads(previous)
         else:
-            futures = {pool.submit(run_cell, spec, cell, str(out), threads): cell for cell in todo}
+            futures = {pool.submit(run_cells_together, spec, group, str(out), threads, *costs): group
+                       for group in groups}  # fmt: skip
             for future in concurrent.futures.as_completed(futures):
-                cell = futures[future]
-                records[cell.name] = _checked(cell, future.result)
-                bar.update(1)
+                group = futures[future]
+                records.update(zip((cell.name for cell in group), _checked(group[0], future.result)))
+                bar.update(len(group))
     bar.close()
     return [records[cell.name] for cell in cells]
+
+
+#: Most seeds one batched computation trains side by side (their data and splits are kept in `workbench.reuse`).
+SIDE_BY_SIDE_SEEDS = 4
+
+
+def _side_by_side_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
+    """``cells`` grouped by (fold, method) over their seeds, at most `SIDE_BY_SIDE_SEEDS` a group, in the order of
+    each group's first cell."""
+    groups: dict[tuple[str, int], list[list[Cell]]] = {}
+    for cell in cells:
+        chunks = groups.setdefault((cell.method, cell.fold), [[]])
+        if len(chunks[-1]) == SIDE_BY_SIDE_SEEDS:
+            chunks.append([])
+        chunks[-1].append(cell)
+    ordered = sorted((chunk for chunks in groups.values() for chunk in chunks),
+                     key=lambda chunk: cells.index(chunk[0]))  # fmt: skip
+    return ordered
+
+
+def run_cells_together(
+    spec: CompareSpec, cells: Sequence[Cell], out: str, threads: int | None, reports: bool, share: bool
+) -> list[dict[str, Any]]:
+    """`run_cell` of each of ``cells``: one alone, several (the seeds of one method and fold) side by side
+    (`workbench.lockstep`: their training as one batched computation where the method allows it)."""
+    if len(cells) == 1:
+        return [run_cell(spec, cells[0], out, threads, reports, share)]
+    meeting = lockstep.Lockstep([cell.name for cell in cells])
+    done = meeting.run({cell.name: functools.partial(run_cell, spec, cell, out, threads, reports, share)
+                        for cell in cells})  # fmt: skip
+    return [done[cell.name] for cell in cells]
 
 
 def _checked(cell: Cell, result: Any) -> dict[str, Any]:

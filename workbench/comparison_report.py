@@ -345,6 +345,7 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
         "once per seed); every method on the same cells.",
         f"- Budget: {spec['budget']} — {comparison['budget_note']}.",
         f"- Learning rate: {_rate_text(spec, comparison['cells'])}.",
+        *_side_by_side_lines(spec, comparison["cells"]),
         f"- Paired differences to **{spec['reference']}**: {statistics_text(comparison)}",
     ]
     moved = comparison["reference_moved"].get(comparison["metrics"][0])
@@ -357,6 +358,22 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
     if forest:
         lines += [f"![paired differences]({forest})", ""]
     write_text(out / "report.md", "\n".join(lines))
+
+
+def _side_by_side_lines(spec: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line on how each method's seeds trained, where the comparison ran them side by side
+    (``--side-by-side``): batched (how many at a time) or one at a time, and why."""
+    if not any("seeds_side_by_side" in cell for cell in cells):
+        return []
+    parts = []
+    for method in spec["methods"]:
+        mine = [cell for cell in cells if cell["method"] == method and "seeds_side_by_side" in cell]
+        batched = [cell["seeds_side_by_side"] for cell in mine if cell["seeds_side_by_side"] > 1]
+        notes = sorted({cell["side_by_side_note"] for cell in mine if cell.get("side_by_side_note")})
+        text = f"{method}: {len(batched)}/{len(mine)} cells batched" + (
+            f" ({max(batched)} seeds at a time; metrics equal one seed at a time to rounding)" if batched else "")
+        parts.append(text + (f"; one at a time: {'; '.join(notes)}" if notes else ""))
+    return [f"- Seeds side by side: {' — '.join(parts)}."]
 
 
 def statistics_text(comparison: Mapping[str, Any]) -> str:

@@ -86,6 +86,10 @@ class Stage:
     #: pattern (`fnmatch.fnmatchcase` on its name, ``*`` matches dots too: ``"head.*"``) that matches it, the rest
     #: train at ``settings.learning_rate``; a schedule scales every group's rate by the same factor. Empty: one group.
     learning_rates: Mapping[str, float] = field(default_factory=dict)
+    #: The loss reads only the model and the batch (the task's ``batch_loss`` capability, a method that keeps its
+    #: ``loss``): a comparison may train the stages of several seeds as one batched computation
+    #: (``workbench compare --side-by-side``, `workbench.seed_batch`).
+    batchable: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,8 +160,11 @@ class Method:
 
     def plan(self, task: "Task", model: nn.Module, data: "TaskData", inputs: "PlanInputs") -> list["Stage"]:
         """The stages to train, in order (after ``setup``). By default one stage: the run's samples and settings,
-        this method's ``loss``, the parameters ``prepare`` left trainable."""
-        return [Stage("train", data.train, data.val, inputs.settings, functools.partial(self.loss, task))]
+        this method's ``loss``, the parameters ``prepare`` left trainable (batchable where the task's loss is and the
+        method keeps it)."""
+        batchable = "batch_loss" in task.capabilities and type(self).loss is Method.loss
+        return [Stage("train", data.train, data.val, inputs.settings, functools.partial(self.loss, task),
+                      batchable=batchable)]  # fmt: skip
 
     def loss(self, task: "Task", model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
         """The training objective on one batch (scalar); by default the task's own loss."""

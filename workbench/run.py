@@ -24,6 +24,7 @@ import functools
 import json
 import logging
 import os
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ import torch.distributed as dist
 import yaml
 from torch import nn
 
-from workbench import item_bootstrap, randomness, report
+from workbench import item_bootstrap, lockstep, randomness, report, reuse
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
 from workbench.config import MethodEntry, RunConfig, RunRequest, resolve_config, upgraded
 from workbench.errors import UserError
@@ -47,7 +48,7 @@ from workbench.options import renamed
 from workbench.records import SkipReport
 from workbench.registry import methods, tasks
 from workbench.rundir import check_out_path, claim_file, claim_run_dir
-from workbench.seal import check_run, seal
+from workbench.seal import check_run, seal, sha256_file
 from workbench.settings import SETTINGS
 from workbench.task import Evaluation, Task, TaskData
 from workbench.threads import ThreadPolicy
@@ -139,10 +140,14 @@ def adapt(domain: str, method: str | None = None, *, resume: bool = False, quiet
 
 
 def run_request(
-    request: RunRequest, resume: bool = False, quiet: bool = False, threads: ThreadPolicy | None = None
+    request: RunRequest, resume: bool = False, quiet: bool = False, threads: ThreadPolicy | None = None,
+    reports: bool = True,
 ) -> Run:
     """`adapt` for a `RunRequest` (what the command line calls); ``threads``: the policy of its CPU threads (default:
-    pinned to ``request.threads``, else to the interrupted run's pinned count on resume, else following the load)."""
+    pinned to ``request.threads``, else to the interrupted run's pinned count on resume, else following the load);
+    ``reports``: write ``report.md`` and its plots (a comparison's cells may go without). Inside
+    `workbench.reuse.sharing` the data, the model, the prepared splits and the base model's scores are shared with
+    earlier runs of the same data, settings and seed."""
     config, warnings = resolve_config(request)
     _init_distributed(config.device)
     rank, _ = distributed()
@@ -168,11 +173,11 @@ def run_request(
     task.progress = not quiet
     device = torch.device(config.device)
     randomness.seed_all(config.seed)
-    raw = _read(task, config)
+    shared_key = _shared_key(config, data_print)
+    raw, base, data, task_state = reuse.shared(
+        "prepared", shared_key, functools.partial(_prepared, task, config, shared_key), task)
     if task.skipped:
         log.warning("%s", task.skipped.summary())
-    base = cast(task.load_model(config.model, config.trust_checkpoint), config.precision)
-    data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
     config = _fitted_batch_size(config, len(data.train), request.batch_size is not None)
     bases = {None: (base, task_state)}  # the run's model, then every other model a baseline names (METHOD@MODEL)
     for entry in config.baselines:
@@ -186,15 +191,45 @@ def run_request(
         model.to(device)
     # Everything the user gave has been read and checked: only now does the run directory appear, held by this
     # process (rank 0) until the run ends.
+    steps = functools.partial(_adapt_steps, config, task, data, bases, out_dir, device, resume, quiet, rank, threads,
+                              reports=reports, shared_key=shared_key)  # fmt: skip
     if rank != 0:
-        return _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank, threads)
+        return steps()
     with claim_run_dir(out_dir, resume):
         write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
         write_json(out_dir / FINGERPRINT, {"settings_hash": _settings_hash(config.to_dict()), **data_print})
         with _logging_to(out_dir / "log.txt"):
-            finished = _adapt_steps(config, task, data, bases, out_dir, device, resume, quiet, rank, threads)
+            finished = steps()
         seal(out_dir, "run")  # last, once log.txt is closed: every file the run produced (`workbench.seal`)
         return finished
+
+
+def _shared_key(config: RunConfig, data_print: dict[str, Any]) -> dict[str, Any] | None:
+    """What the run's data, model, prepared splits and base scores depend on (`workbench.reuse.shared`'s key): the
+    task and its options, the data's fingerprint, the model (a checkpoint file: its sha256), sizes, seed and split;
+    None where the data have no fingerprint (they are then never shared)."""
+    if not data_print:
+        return None
+    model = Path(config.model) if config.model else None
+    return {
+        "task": config.task, "task_options": config.task_options, "data": data_print["data_fingerprint"],
+        "model": config.model, "model_file": sha256_file(model) if model is not None and model.is_file() else None,
+        "trust_checkpoint": config.trust_checkpoint, "precision": config.precision, "train_size": config.train_size,
+        "val_size": config.val_size, "seed": config.seed, "split": config.split,
+    }  # fmt: skip
+
+
+def _prepared(task: Task, config: RunConfig, shared_key: dict[str, Any] | None) -> tuple[Any, nn.Module, TaskData, Any]:
+    """(raw data, base model, prepared data, task state): the task's data read (the same for every split of a
+    seed), re-split by `RunConfig.split` when one is given, its model loaded in the run's precision and the data
+    prepared for it."""
+    read_key = None if shared_key is None else {k: shared_key[k] for k in ("task", "task_options", "data", "seed")}
+    raw = reuse.shared("read", read_key, lambda: task.read(config.data, config.seed), task)
+    if config.split is not None:
+        raw = task.hold_out(raw, config.split)
+    base = cast(task.load_model(config.model, config.trust_checkpoint), config.precision)
+    data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
+    return raw, base, data, task_state
 
 
 def _fitted_batch_size(config: RunConfig, n_train: int, given: bool) -> RunConfig:
@@ -242,8 +277,12 @@ def _adapt_steps(
     quiet: bool,
     rank: int,
     threads: ThreadPolicy | None = None,
+    *,
+    reports: bool = True,
+    shared_key: dict[str, Any] | None = None,
 ) -> Run:
-    """Score the base model, train every method, write metrics and report (the body of `adapt`)."""
+    """Score the base model, train every method, write metrics and report (the body of `adapt`; ``reports``: the
+    report and its plots; ``shared_key``: the base scores are shared by runs of the same key, `workbench.reuse`)."""
     log.info(
         "%s: %d train / %d val / %d test samples from %s; %d process(es) on %s",
         config.task,
@@ -256,7 +295,7 @@ def _adapt_steps(
     )
     run = _RunContext(config, task, data, out_dir, device, resume, rank, progress=not quiet, threads=threads)
     base = bases[None][0]
-    before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank, resume)
+    before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank, resume, shared_key)
     _warm_up(task, base, data, device, config.batch_size)
     results: dict[str, dict[str, Any]] = {}
     evaluations: dict[str, Evaluation] = {"before": before}
@@ -266,12 +305,13 @@ def _adapt_steps(
         results[str(entry)], evaluations[str(entry)] = _run_method(run, entry, *bases[entry.model], chosen=index == 0)
     metrics = {**_metrics(config, data, before, results, task.skipped), **_item_intervals(task, config, evaluations)}
     if rank == 0:
-        figures = task.figures(evaluations, out_dir) + [report.learning_curves(results, out_dir)]
-        write_text(
-            out_dir / "report.md",
-            report.markdown(config, data, metrics, figures, task.metrics, task.metrics_note, task.default_method,
-                            task.lower_is_better),  # fmt: skip
-        )
+        if reports:
+            figures = task.figures(evaluations, out_dir) + [report.learning_curves(results, out_dir)]
+            write_text(
+                out_dir / "report.md",
+                report.markdown(config, data, metrics, figures, task.metrics, task.metrics_note, task.default_method,
+                                task.lower_is_better),  # fmt: skip
+            )
         write_json(out_dir / "metrics.json", metrics)  # last: its presence marks the run complete
         _remove_checkpoints(out_dir)
         if not quiet:
@@ -419,12 +459,6 @@ OUTPUT_BYTES_PER_INPUT = 256
 
 
 # -- steps of `adapt` ----------------------------------------------------------------------------
-def _read(task: Task, config: RunConfig) -> Any:
-    """The run's labelled data: the task's `read`, re-split by `RunConfig.split` when one is given."""
-    raw = task.read(config.data, config.seed)
-    return raw if config.split is None else task.hold_out(raw, config.split)
-
-
 def _init_distributed(device: str) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
@@ -504,31 +538,45 @@ def _check_data(out_dir: Path, now: dict[str, Any]) -> None:
 
 @contextmanager
 def _logging_to(path: Path | None) -> Iterator[None]:
-    """Copy the workbench's log into ``path`` while the block runs (nothing when None)."""
+    """Copy the workbench's log of this thread into ``path`` while the block runs (nothing when None); runs in
+    other threads (`workbench.lockstep`) keep their own files."""
     if path is None:
         yield
         return
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    thread = threading.get_ident()
+    handler.addFilter(lambda record: record.thread == thread)
     log.addHandler(handler)
-    level = log.level
-    log.setLevel(logging.INFO)
+    if not _open_logs["count"]:
+        _open_logs["level"] = log.level
+        log.setLevel(logging.INFO)
+    _open_logs["count"] += 1
     try:
         yield
     finally:
         log.removeHandler(handler)
-        log.setLevel(level)
+        _open_logs["count"] -= 1
+        if not _open_logs["count"]:  # the last open run log gives the level back
+            log.setLevel(_open_logs["level"])
         handler.close()
+
+
+#: Run logs open in this process, and the workbench logger's level before the first of them opened.
+_open_logs: dict[str, int] = {"count": 0, "level": logging.NOTSET}
 
 
 def _evaluate_or_reuse(
     task: Task, model: nn.Module, data: TaskData, name: str, out_dir: Path, device: torch.device, rank: int,
-    resume: bool,
+    resume: bool, shared_key: dict[str, Any] | None = None,
 ) -> Evaluation:
+    """``model`` scored on the test samples: the saved result when resuming, else evaluated (shared by the runs of
+    the same ``shared_key``, `workbench.reuse`; None: never shared)."""
     saved = _load_result(out_dir, name) if resume else None
     if saved is not None:
         return saved[1]
-    evaluation = task.evaluate(model, data.test, device)
+    score = functools.partial(task.evaluate, model, data.test, device)
+    evaluation = reuse.shared(name, None if shared_key is None else [shared_key, str(device)], score, task)
     if rank == 0:
         _save_result(out_dir, name, {"metrics": evaluation.metrics}, evaluation)
     return evaluation
@@ -673,7 +721,8 @@ def _train(
             checkpoint=checkpoint.with_name(f"{checkpoint.stem}.{stage.name}.pt") if staged else checkpoint,
             threads=threads,
         )  # fmt: skip
-        for entry in trainer.fit(resume=resume):
+        meeting = lockstep.current() if stage.batchable and len(stages) == 1 else None  # seeds side by side
+        for entry in trainer.fit(resume=resume) if meeting is None else meeting.train(trainer, resume):
             history.append(dict(entry, epoch=len(history), stage=stage.name, stage_epoch=entry["epoch"]))
         if stage.on_end is not None:
             stage.on_end()

@@ -31,6 +31,8 @@ CAPABILITIES = {
     "target_pool": "unlabelled target samples (`TaskData.target`)",
     "predict": "batch prediction of a folder of inputs (`Task.predict_folder`, ``workbench predict``)",
     "folds": "grouped folds for ``workbench compare`` (`Task.split_groups`, `Task.hold_out`, `Task.group_kind`)",
+    "batch_loss": "a ``loss`` that reads only the model and the batch, none of the task's state (class weights, "
+    "statistics of its data): the seeds of a comparison may train side by side (`workbench.seed_batch`)",
 }
 
 

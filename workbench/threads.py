@@ -26,6 +26,11 @@ pinned run gives the uninterrupted run bit for bit (one that follows the load: t
 history, ``results/*.json``, and in ``metrics.json``'s ``costs`` as ``threads_per_epoch``); ``--resume`` keeps the
 interrupted run's setting. Older runs recorded the count chosen at start: they resume pinned at it (0, from runs
 older still, follows the load).
+
+A comparison's cells are pinned (``workbench compare --threads``, default 1: reruns agree bit for bit, and one thread
+per cell cannot be crowded out by a busy neighbour; more cores go to more ``--workers``). Library functions called
+outside a run (from a notebook) leave the process's threads alone; `following_load` gives such a call the count a
+run would start with.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ import os
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Collection
+from typing import Callable, Collection, Iterator
 
 import torch
 
@@ -99,6 +105,24 @@ def choose_threads() -> tuple[int, str]:
     usable, busy = usable_cpus(), busy_elsewhere()
     threads = max(1, usable - busy)
     return threads, f"{usable} usable CPU(s), {busy} busy with other processes"
+
+
+@contextmanager
+def following_load() -> Iterator[int]:
+    """``with following_load() as threads:`` torch computes the block with `choose_threads`'s count (the usable CPUs
+    less those other processes keep busy now, or ``OMP_NUM_THREADS``), and the caller's count is put back after.
+
+    For heavy torch or optimal-transport work called outside a run (a method's solver called from a notebook): a
+    library function never changes the process's threads itself (inside a run the run's policy holds them), so a
+    notebook beside a busy process wraps the call in this."""
+    previous = torch.get_num_threads()
+    threads, why = choose_threads()
+    log.debug("computing with %d thread(s) (%s)", threads, why)
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _busy_seconds(cpus: Collection[int]) -> float | None:

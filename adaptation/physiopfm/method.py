@@ -50,6 +50,7 @@ from workbench.adaptation.physiopfm.descriptors import DESCRIPTOR_KINDS, class_p
 from workbench.adaptation.physiopfm.etf import EtfHead
 from workbench.adaptation.task_needs import ClassLabels, InputVectors
 
+from workbench import reuse
 from workbench.checkpoint import save_tensors, write_json
 from workbench.errors import UserError
 from workbench.memory import PeakMemory
@@ -336,16 +337,21 @@ class PhysioPFM(_BankMethod):
             raise UserError(f"method '{self.name}': --bank-size must be 0 (every used entry) or at least 2 (the "
                             f"generator needs 2), got {self.config['bank_size']}")  # fmt: skip
 
-    def _cache_path(self, fit: np.ndarray, seed: int) -> Path | None:
-        """Where the generator fitted on entries ``fit`` with ``seed`` and these settings is kept (None: no cache)."""
-        if not self.config["generator_cache"]:
-            return None
+    def _generator_key(self, fit: np.ndarray, seed: int) -> str:
+        """sha256 (hex) of what the generator fitted on entries ``fit`` with ``seed`` depends on: the bank file's
+        bytes, the entries, the seed and the generator's settings (not the site's data: it never sees them)."""
         import hashlib
 
         keys = ("generator", "iterations", "width", "depth", "descriptor", "shapelet_points", "shapelet_length")
         digest = hashlib.sha256(Path(self.bank.source).read_bytes())
         digest.update(json.dumps([[int(i) for i in fit], seed, {k: self.config[k] for k in keys}]).encode())
-        return Path(self.config["generator_cache"]) / f"generator-{digest.hexdigest()[:24]}.safetensors"
+        return digest.hexdigest()
+
+    def _cache_path(self, key: str) -> Path | None:
+        """Where the generator of `_generator_key` ``key`` is kept (None: no ``generator_cache``)."""
+        if not self.config["generator_cache"]:
+            return None
+        return Path(self.config["generator_cache"]) / f"generator-{key[:24]}.safetensors"
 
     def fit(self, seed: int) -> None:
         from workbench.adaptation.physiopfm.generator import fit_weight_generator, load_generator, save_generator
@@ -360,15 +366,16 @@ class PhysioPFM(_BankMethod):
         vectors = torch.stack([entries[i].vector() for i in range(len(entries))])
         conditions = torch.as_tensor(np.stack([self.descriptor(e.prototypes, e.counts) for e in entries]))
         start = time.perf_counter()
-        cached = self._cache_path(fit, seed)
+        key = self._generator_key(fit, seed)
+        cached = self._cache_path(key)
         if cached is not None and cached.is_file():
             self.generator = load_generator(cached)
             self.diagnostics_["generator_loaded_from_cache"] = 1.0
         else:
-            self.generator = fit_weight_generator(
+            self.generator = reuse.shared("physiopfm-generator", key, lambda: fit_weight_generator(
                 self.config["generator"], vectors[fit], conditions[fit], iterations=self.config["iterations"],
                 seed=seed, progress=self.progress, **self._architecture(),
-            )  # fmt: skip
+            ))  # fmt: skip  (a comparison fits it once per seed: it does not depend on the fold)
             if cached is not None:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 save_generator(self.generator, cached)

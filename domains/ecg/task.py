@@ -135,7 +135,7 @@ class PtbXl(Task):
     extra = "ecg"
     default_model = "ecg"
     default_method = "htuning"
-    capabilities = frozenset({"predict", "folds"})
+    capabilities = frozenset({"predict", "folds", "batch_loss"})
     #: "patient" (PTB-XL's layout, the embedded set); "record" for CinC 2021 folders, which have no patient ids.
     group_kind = "patient"
     item_kind = "record"

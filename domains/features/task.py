@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -54,11 +54,13 @@ class FeatureSample:
         self.x, self.y, self.id = x, y, id
 
 
-class FeatureBatch:
-    """x (batch, d), y (batch,) int64 or float32, ids (batch,) int64 — on one device."""
+class FeatureBatch(NamedTuple):
+    """x (batch, d), y (batch,) int64 or float32, ids (batch,) int64 — on one device. A named tuple: torch's
+    function transforms see its tensors (several seeds' batches stack, `workbench.seed_batch`)."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor):
-        self.x, self.y, self.ids = x, y, ids
+    x: torch.Tensor
+    y: torch.Tensor
+    ids: torch.Tensor
 
 
 @tasks.register
@@ -75,7 +77,7 @@ class FeatureShift(Task):
     extra = "shift"
     default_model = "mlp"
     default_method = "warmpot"
-    capabilities = frozenset({"target_pool", "folds"})
+    capabilities = frozenset({"target_pool", "folds", "batch_loss"})
     group_kind = "target row"
     item_kind = "target row"
     baselines = ("pada", "full", "oracle")
