@@ -41,8 +41,8 @@ def test_a_comparison_gives_the_same_cells_with_and_without_sharing(tmp_path, do
         reuse.clear()
     alone, shared = cell_metrics(tmp_path / "alone"), cell_metrics(tmp_path / "shared")
     assert len(alone) == 2 * 2 * len(methods) and alone == shared  # bit for bit
-    assert (computed.count("read"), computed.count("prepared"), computed.count("before")) == (2, 4, 4)  # per seed,
-    # per (fold, seed): not per cell
+    counts = [computed.count(step) for step in ("read", "model", "prepared", "before")]
+    assert counts == [2, 2, 4, 4]  # per seed, per seed, per (fold, seed), per (fold, seed): not per cell
     assert not list((tmp_path / "shared" / "cells").glob("*/*/report.md"))  # cells write no report of their own
     assert (tmp_path / "shared" / "report.md").is_file()
 

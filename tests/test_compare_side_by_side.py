@@ -4,6 +4,7 @@ computation (`workbench.lockstep`, `workbench.seed_batch`); their cells equal th
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -22,6 +23,7 @@ def test_seeds_side_by_side_equal_the_seeds_one_at_a_time(tmp_path):
     spec = CompareSpec(domain="features", methods=("full", "warmpot"), folds=2, seeds=(0, 1, 2), epochs=3)
     compare(spec, tmp_path / "alone", quiet=True)
     compare(spec, tmp_path / "together", quiet=True, side_by_side=True)
+    assert logging.getLogger("workbench").propagate  # the cells' overlapping quiet blocks gave the logger back
     alone, together = records(tmp_path / "alone"), records(tmp_path / "together")
     assert alone.keys() == together.keys() and len(alone) == 12
     for name, record in together.items():

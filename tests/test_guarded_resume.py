@@ -321,11 +321,11 @@ def test_a_refused_link_out_suggests_allow_paths_outside_only_where_the_command_
 
 
 # -- workers and locks -------------------------------------------------------------------------------------------
-def _dies_in_fold1(spec, cell, out, threads):
+def _dies_in_fold1(spec, cell, out, *arguments):
     """`workbench.comparison.run_cell`, except that the worker running fold 1 is killed (kill -9) first."""
     if cell.fold == 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    return comparison.run_cell(spec, cell, out, threads)
+    return comparison.run_cell(spec, cell, out, *arguments)
 
 
 def test_a_killed_local_worker_is_one_line_and_the_rerun_continues(tmp_path, monkeypatch):

@@ -456,14 +456,23 @@ _frozen = False
 
 @contextmanager
 def _quiet_logs() -> Iterator[None]:
-    """The runs of a cell log into their own ``log.txt`` only (the console shows the comparison's progress)."""
+    """The runs of a cell log into their own ``log.txt`` only (the console shows the comparison's progress); cells
+    side by side (`workbench.lockstep`) overlap their blocks: the last one out gives the logger back."""
     logger = logging.getLogger("workbench")
-    propagate = logger.propagate
-    logger.propagate = False
+    if not _quiet_cells["count"]:
+        _quiet_cells["propagate"] = logger.propagate
+        logger.propagate = False
+    _quiet_cells["count"] += 1
     try:
         yield
     finally:
-        logger.propagate = propagate
+        _quiet_cells["count"] -= 1
+        if not _quiet_cells["count"]:
+            logger.propagate = _quiet_cells["propagate"]
+
+
+#: Cells inside `_quiet_logs` in this process, and the workbench logger's ``propagate`` before the first entered.
+_quiet_cells: dict[str, Any] = {"count": 0, "propagate": True}
 
 
 def compare(
@@ -806,17 +815,16 @@ def _run_cells(
             previous = torch.get_num_threads()  # a cell sets this process's threads: give the caller's back
             try:
                 for group in groups:
-                    run = functools.partial(run_cells_together, spec, group, str(out), threads, *costs)
-                    records.update(zip((cell.name for cell in group), _checked(group[0], run)))
+                    run = functools.partial(*_group_call(group, spec, str(out), threads, *costs))
+                    records.update(_group_records(group, _checked(group[0], run)))
                     bar.update(len(group))
             finally:
                 torch.set_num_threads(previous)
         else:
-            futures = {pool.submit(run_cells_together, spec, group, str(out), threads, *costs): group
-                       for group in groups}  # fmt: skip
+            futures = {pool.submit(*_group_call(group, spec, str(out), threads, *costs)): group for group in groups}
             for future in concurrent.futures.as_completed(futures):
                 group = futures[future]
-                records.update(zip((cell.name for cell in group), _checked(group[0], future.result)))
+                records.update(_group_records(group, _checked(group[0], future.result)))
                 bar.update(len(group))
     bar.close()
     return [records[cell.name] for cell in cells]
@@ -840,13 +848,23 @@ def _side_by_side_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
     return ordered
 
 
+def _group_call(group: Sequence[Cell], spec: CompareSpec, *arguments: Any) -> tuple:
+    """(function, its arguments) that run ``group``: `run_cell` of one cell, `run_cells_together` of several."""
+    if len(group) == 1:
+        return (run_cell, spec, group[0], *arguments)
+    return (run_cells_together, spec, group, *arguments)
+
+
+def _group_records(group: Sequence[Cell], result: Any) -> dict[str, dict[str, Any]]:
+    """Cell name -> record, from what `_group_call`'s function returned."""
+    return dict(zip((cell.name for cell in group), [result] if len(group) == 1 else result))
+
+
 def run_cells_together(
     spec: CompareSpec, cells: Sequence[Cell], out: str, threads: int | None, reports: bool, share: bool
 ) -> list[dict[str, Any]]:
-    """`run_cell` of each of ``cells``: one alone, several (the seeds of one method and fold) side by side
-    (`workbench.lockstep`: their training as one batched computation where the method allows it)."""
-    if len(cells) == 1:
-        return [run_cell(spec, cells[0], out, threads, reports, share)]
+    """`run_cell` of each of ``cells`` side by side (the seeds of one method and fold, `workbench.lockstep`: their
+    training as one batched computation where the method allows it)."""
     meeting = lockstep.Lockstep([cell.name for cell in cells])
     done = meeting.run({cell.name: functools.partial(run_cell, spec, cell, out, threads, reports, share)
                         for cell in cells})  # fmt: skip

@@ -162,7 +162,7 @@ class Method:
         """The stages to train, in order (after ``setup``). By default one stage: the run's samples and settings,
         this method's ``loss``, the parameters ``prepare`` left trainable (batchable where the task's loss is and the
         method keeps it)."""
-        batchable = "batch_loss" in task.capabilities and type(self).loss is Method.loss
+        batchable = "batch_loss" in getattr(task, "capabilities", ()) and type(self).loss is Method.loss
         return [Stage("train", data.train, data.val, inputs.settings, functools.partial(self.loss, task),
                       batchable=batchable)]  # fmt: skip
 

@@ -220,14 +220,20 @@ def _shared_key(config: RunConfig, data_print: dict[str, Any]) -> dict[str, Any]
 
 
 def _prepared(task: Task, config: RunConfig, shared_key: dict[str, Any] | None) -> tuple[Any, nn.Module, TaskData, Any]:
-    """(raw data, base model, prepared data, task state): the task's data read (the same for every split of a
-    seed), re-split by `RunConfig.split` when one is given, its model loaded in the run's precision and the data
-    prepared for it."""
+    """(raw data, base model, prepared data, task state): the task's data read and its model loaded in the run's
+    precision (each shared by every split of a seed, `workbench.reuse`), the data re-split by `RunConfig.split` when
+    one is given and prepared for the model."""
     read_key = None if shared_key is None else {k: shared_key[k] for k in ("task", "task_options", "data", "seed")}
     raw = reuse.shared("read", read_key, lambda: task.read(config.data, config.seed), task)
     if config.split is not None:
         raw = task.hold_out(raw, config.split)
-    base = cast(task.load_model(config.model, config.trust_checkpoint), config.precision)
+    model_keys = ("model", "model_file", "trust_checkpoint", "precision")
+    model_key = None if read_key is None else {**read_key, **{k: shared_key[k] for k in model_keys}}
+
+    def load() -> nn.Module:
+        return cast(task.load_model(config.model, config.trust_checkpoint), config.precision)
+
+    base = reuse.shared("model", model_key, load, task)  # every fold of a seed: the same weights
     data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
     return raw, base, data, task_state
 
