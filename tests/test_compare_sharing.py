@@ -100,3 +100,12 @@ def test_kept_values_are_bounded():
             reuse.shared("step", key, lambda: key)
     assert len(reuse._kept) == reuse.KEPT
     reuse.clear()
+
+
+def test_a_measurement_is_taken_once_per_worker_while_sharing():
+    taken = []
+    for share in (False, False, True, True):
+        with reuse.sharing(share):
+            assert reuse.measured_once("probe", {"method": "lora"}, lambda: taken.append(share) or len(taken)) >= 1
+    reuse.clear()
+    assert taken == [False, False, True]  # every time alone; once while sharing

@@ -77,8 +77,12 @@ def upgraded(content: Mapping[str, Any]) -> dict[str, Any]:
     content = renamed("config.yaml", stored, content)
     for key, registry, owner in (("task_options", tasks, "task"), ("method_options", methods, "method")):
         name = content.get(owner)
-        if isinstance(content.get(key), dict) and isinstance(name, str) and name in registry.names():
-            content[key] = renamed(f"config.yaml: {key}", registry.get(name).options, content[key])
+        if isinstance(content.get(key), dict) and isinstance(name, str) and name in registry.declared():
+            try:
+                options = registry.get(name).options  # imports that plug-in alone, not every other domain's
+            except UserError:  # not loadable here (its extra is missing): its options stay as written
+                continue
+            content[key] = renamed(f"config.yaml: {key}", options, content[key])
     return content
 
 

@@ -10,9 +10,13 @@ So a cell computes exactly what it would have computed alone: the key holds what
 fingerprint, settings, seed, split) and the state of the random generators before it, and the copy is deep
 (a method may change the model or the samples it gets).
 
-Outside `sharing()` (`workbench adapt`, a notebook) `shared` just computes. The kept values live in this process
-only (a long-lived comparison worker keeps them from cell to cell), at most `KEPT` of them, least recently used
-dropped first; cells run seed by seed, so the ones dropped belong to seeds already done.
+Measurements of the computer rather than of the model (a warm-up step, a training step's memory) go through
+`measured_once`: taken once per worker and step key, whatever the random generators hold (they change nothing the run
+computes afterwards; the memory probe puts the generators back as it found them).
+
+Outside `sharing()` (`workbench adapt`, a notebook) `shared` and `measured_once` just compute. The kept values live
+in this process only (a long-lived comparison worker keeps them from cell to cell), at most `KEPT` of them, least
+recently used dropped first; cells run seed by seed, so the ones dropped belong to seeds already done.
 """
 
 from __future__ import annotations
@@ -58,8 +62,9 @@ def sharing(active: bool = True) -> Iterator[None]:
 
 
 def clear() -> None:
-    """Drop every kept value."""
+    """Drop every kept value and measurement."""
     _kept.clear()
+    _measured.clear()
 
 
 def shared(step: str, key: Any, make: Callable[[], T], task: Any = None) -> T:
@@ -88,6 +93,26 @@ def shared(step: str, key: Any, make: Callable[[], T], task: Any = None) -> T:
 
 
 _MISSING = object()
+
+
+def measured_once(step: str, key: Any, measure: Callable[[], T]) -> T:
+    """``measure()``, or within `sharing()` what it returned the first time with the same ``step`` and ``key``
+    (whatever the random generators hold): for measurements of the computer (a warm-up, a step's memory) that change
+    nothing a run computes afterwards."""
+    if not _active or key is None:
+        return measure()
+    digest = _digest_of(step, key)
+    if digest not in _measured:
+        _measured[digest] = measure()
+    return _measured[digest]
+
+
+_measured: dict[str, Any] = {}
+
+
+def _digest_of(step: str, key: Any) -> str:
+    """sha256 (hex) of ``step`` and ``key``."""
+    return hashlib.sha256(json.dumps([step, key], sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _digest(step: str, key: Any) -> str:

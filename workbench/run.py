@@ -302,7 +302,8 @@ def _adapt_steps(
     run = _RunContext(config, task, data, out_dir, device, resume, rank, progress=not quiet, threads=threads)
     base = bases[None][0]
     before = _evaluate_or_reuse(task, base, data, "before", out_dir, device, rank, resume, shared_key)
-    _warm_up(task, base, data, device, config.batch_size)
+    warm_key = None if shared_key is None else [config.task, config.model, config.precision, str(device)]
+    reuse.measured_once("warm-up", warm_key, lambda: _warm_up(task, base, data, device, config.batch_size))
     results: dict[str, dict[str, Any]] = {}
     evaluations: dict[str, Evaluation] = {"before": before}
     entries = config.entries()
@@ -627,7 +628,11 @@ def _run_method(
         stages = method.plan(task, model, data, inputs)
         history = _train(stages, task, model, run.out_dir / "checkpoints" / f"{entry}.pt", device, run.progress,
                          str(entry), run.resume, run.threads and run.threads.update)  # fmt: skip
-    step_bytes = _training_step_bytes(stages[-1], task, model, data, device) if stages else None
+    probe_key = [str(entry), config.method_options if chosen else {}, config.task, config.task_options, config.model,
+                 config.precision, config.batch_size, str(device)]  # fmt: skip
+    step_bytes = reuse.measured_once(  # a comparison's worker measures each method's step once
+        "step memory", probe_key, lambda: _training_step_bytes(stages[-1], task, model, data, device)
+    ) if stages else None  # fmt: skip
     task_state = task.refit(model, data) or task_state
     evaluation = task.evaluate(model, data.test, device)
     evaluation.metrics.update(method.diagnostics(task, model, data))
@@ -690,6 +695,14 @@ def _training_step_bytes(stage: Stage, task: Task, model: nn.Module, data: TaskD
     """Peak tensor bytes of one training step of the plan's last stage [bytes]: the larger of 2 trainer steps after
     a warm-up step (`workbench.memory.training_step_bytes`), on a copy of ``model`` training what that stage trains,
     with full batches of the stage's batch size (training samples cycled when there are fewer)."""
+    random_state = randomness.capture()  # a measurement: the run's random draws go on as if it had not happened
+    try:
+        return _probe_step_bytes(stage, task, model, data, device)
+    finally:
+        randomness.restore(random_state)
+
+
+def _probe_step_bytes(stage: Stage, task: Task, model: nn.Module, data: TaskData, device: torch.device) -> int:
     steps, probe = 2, copy.deepcopy(model)
     if stage.trainable is not None:
         _set_trainable(probe, stage.trainable)
