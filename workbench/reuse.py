@@ -47,7 +47,9 @@ class _Kept:
 
 
 _kept: OrderedDict[str, _Kept] = OrderedDict()
+_measured: dict[str, Any] = {}
 _active = False
+_MISSING = object()
 
 
 @contextmanager
@@ -92,9 +94,6 @@ def shared(step: str, key: Any, make: Callable[[], T], task: Any = None) -> T:
     return copy.deepcopy(kept.value)
 
 
-_MISSING = object()
-
-
 def measured_once(step: str, key: Any, measure: Callable[[], T]) -> T:
     """``measure()``, or within `sharing()` what it returned the first time with the same ``step`` and ``key``
     (whatever the random generators hold): for measurements of the computer (a warm-up, a step's memory) that change
@@ -107,17 +106,14 @@ def measured_once(step: str, key: Any, measure: Callable[[], T]) -> T:
     return _measured[digest]
 
 
-_measured: dict[str, Any] = {}
-
-
 def _digest_of(step: str, key: Any) -> str:
     """sha256 (hex) of ``step`` and ``key``."""
     return hashlib.sha256(json.dumps([step, key], sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _digest(step: str, key: Any) -> str:
-    """sha256 of ``step``, ``key`` and the state of every global random generator."""
-    digest = hashlib.sha256(json.dumps([step, key], sort_keys=True, default=str).encode())
+    """sha256 (hex) of ``step``, ``key`` and the state of every global random generator."""
+    digest = hashlib.sha256(_digest_of(step, key).encode())
     state = randomness.capture()
     digest.update(state["torch"].numpy().tobytes())
     for cuda in state["cuda"]:

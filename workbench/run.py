@@ -41,14 +41,14 @@ from workbench import item_bootstrap, lockstep, randomness, report, reuse
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
 from workbench.config import MethodEntry, RunConfig, RunRequest, resolve_config, upgraded
 from workbench.errors import UserError
-from workbench.fingerprint import data_changes, data_record, settings_hash
+from workbench.fingerprint import data_changes, data_record, file_digests, settings_hash
 from workbench.memory import PeakMemory, training_step_bytes
 from workbench.method import Method, PlanInputs, Stage, count_parameters
 from workbench.options import renamed
 from workbench.records import SkipReport
 from workbench.registry import methods, tasks
 from workbench.rundir import check_out_path, claim_file, claim_run_dir
-from workbench.seal import check_run, seal, sha256_file
+from workbench.seal import check_run, seal
 from workbench.settings import SETTINGS
 from workbench.task import Evaluation, Task, TaskData
 from workbench.threads import ThreadPolicy
@@ -206,14 +206,15 @@ def run_request(
 
 def _shared_key(config: RunConfig, data_print: dict[str, Any]) -> dict[str, Any] | None:
     """What the run's data, model, prepared splits and base scores depend on (`workbench.reuse.shared`'s key): the
-    task and its options, the data's fingerprint, the model (a checkpoint file: its sha256), sizes, seed and split;
+    task and its options, the data's fingerprint, the model (a checkpoint file: its sha256, hashed once per process
+    while the file is unchanged, `workbench.fingerprint.file_digests`), sizes, seed and split;
     None where the data have no fingerprint (they are then never shared)."""
     if not data_print:
         return None
     model = Path(config.model) if config.model else None
     return {
         "task": config.task, "task_options": config.task_options, "data": data_print["data_fingerprint"],
-        "model": config.model, "model_file": sha256_file(model) if model is not None and model.is_file() else None,
+        "model": config.model, "model_file": file_digests(model) if model is not None and model.is_file() else None,
         "trust_checkpoint": config.trust_checkpoint, "precision": config.precision, "train_size": config.train_size,
         "val_size": config.val_size, "seed": config.seed, "split": config.split,
     }  # fmt: skip
