@@ -117,6 +117,8 @@ def rendered(result: dict[str, Any]) -> str:
     coverage simulation, `coverage_summary`)."""
     if result.get("script") == "interval_coverage.py":
         return coverage_summary(result)
+    if result.get("script") == "conformal_shift.py":
+        return conformal_shift_summary(result)
     comparison = result["comparison"]
     spec = comparison["spec"]
     seeds = spec["seeds"]
@@ -177,6 +179,33 @@ def coverage_summary(result: dict[str, Any]) -> str:
             low = f"{min(coverage):.3f}" if coverage else "–"
             cells.append(f"{low} / {max(row['false_holds'] for row in mine):.3f}")
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def conformal_shift_summary(result: dict[str, Any]) -> str:
+    """The rendered block of ``results/conformal_shift.json``: target coverage and set size of each kind of conformal
+    set, the shift alarm's rates, the claim's verdict (`benchmarks/conformal_shift.py`)."""
+    summary, seeds = result["summary"], result["seeds"]
+    lines = [
+        f"`python benchmarks/conformal_shift.py`: physio generator, source {result['source_noisy']:.0%} / target "
+        f"{result['target_noisy']:.0%} noisy subjects ({result['noise_mv']['clean']} / {result['noise_mv']['noisy']} "
+        f"mV RMS), {result['subjects']['calibration']} calibration and {result['subjects']['target']} target subjects "
+        f"per unit; {len(seeds)} units (seeds {seeds[0]}–{seeds[-1]}); nominal coverage {1 - result['alpha']:.0%}. "
+        "Mean over units [95 % t interval over units].",
+        "",
+        "| conformal sets | target coverage | mean set size |",
+        "|---|---|---|",
+    ]
+    for name, c in summary["coverage"].items():
+        s = summary["set_size"][name]
+        lines.append(f"| {name} | {c['mean']:.3f} [{c['low']:.3f}, {c['high']:.3f}] | {s['mean']:.2f} "
+                     f"[{s['low']:.2f}, {s['high']:.2f}] |")  # fmt: skip
+    lines += ["", "| shift alarm (MMD, α = 0.05) | alarm rate |", "|---|---|"]
+    for name, a in summary["alarm_rate"].items():
+        lines.append(f"| {name}, batches of {result['batch']} beats | {a['mean']:.3f} [{a['low']:.3f}, "
+                     f"{a['high']:.3f}] |")  # fmt: skip
+    lines += ["", f"Claim: weighted (logistic DRE) coverage within {result['band'] * 100:.0f} points of nominal "
+                  f"where split coverage misses by more — **{summary['verdict']}**."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -75,7 +75,8 @@ def test_a_row_per_beat_a_broken_record_in_one_row_and_paced_beats_left_out(run,
 
     record = workbench.predict(run, folder, tmp_path / "out" / "beats.csv")
     rows = read_rows(tmp_path / "out" / "beats.csv")
-    assert list(rows[0]) == ["record", "sample", "time_s", "annotation", "status", *PROBABILITIES, "predicted"]
+    assert list(rows[0]) == ["record", "sample", "time_s", "annotation", "status", *PROBABILITIES, "predicted",
+                             *[f"calibrated_{p}" for p in PROBABILITIES], "conformal_set"]  # workbench.clinical's
     expected = reader_beats(folder)
     assert [str(p) for p in expected.skipped] and expected.skipped.records[0].endswith("broken.dat")
     for name, reader_name in (("D01", "D01"), ("later/D02", "D02"), ("paced", "paced")):

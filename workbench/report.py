@@ -209,9 +209,11 @@ def markdown(
     metrics_note: str = "Errors are on the test split; lower is better.",
     default_method: str | None = None,
     lower_is_better: Collection[str] = (),
+    clinical: Mapping[str, Any] | None = None,
 ) -> str:
     """The run's ``report.md``: what was run, the table (with 95 % intervals over the test items), the paired
-    differences, the plots, the configuration."""
+    differences, the plots, calibration, conformal sets and shift check (``clinical``: `workbench.clinical.fit`'s
+    record, None for none), the configuration."""
     columns = [*metric_names, "trainable params", "s/epoch", "step MiB", "epochs run (best, from 1)"]
     header = "| model | " + " | ".join(columns) + " |"
     lines = [
@@ -242,6 +244,8 @@ def markdown(
         lines += [f"- `{item['record']}`: {item['problem']}" for item in skipped["records"]]
     for caption, file_name in figures:
         lines += ["", f"## {caption}", "", f"![{caption}]({file_name})"]
+    if clinical is not None:
+        lines += _clinical_lines(clinical)
     lines += [
         "",
         "## Configuration",
@@ -252,3 +256,28 @@ def markdown(
         "",
     ]
     return "\n".join(lines)
+
+
+def _clinical_lines(clinical: Mapping[str, Any]) -> list[str]:
+    """The report's section on calibration, conformal sets and the shift check (`workbench.clinical.fit`)."""
+    cal, conf, shift = clinical["calibration"], clinical["conformal"], clinical["shift"]
+    check = shift["test_split"]
+    verdict = check["verdict"] if check["p_value"] is None else f"{check['verdict']} (p = {check['p_value']:.3f})"
+    temperatures = ", ".join(f"{t:.3g}" for t in cal["temperatures"])
+    return [
+        "", "## Calibration, conformal sets and shift check", "",
+        f"Split: {clinical['split']}.", "",
+        f"- Calibration: {cal['method']}; T = {temperatures}"
+        + (f" (kept at 1 for classes {cal['unfitted_classes']}: under {cal['min_fit_items']} fitting items, or one "
+           "label value only)"
+           if cal["unfitted_classes"] else "")
+        + f". ECE ({cal['ece_bins']}, {cal['ece_items']} held-out items): {cal['ece_before']:.3f} before, "
+        f"{cal['ece_after']:.3f} after.",
+        f"- Conformal: {conf['kind']}; nominal {1 - conf['alpha']:.0%}, {conf['calibration_items']} calibration "
+        f"items; on the {conf['test_items']} test items coverage {conf['test_coverage']:.3f}, mean set size "
+        f"{conf['test_mean_set_size']:.2f}" + (" (calibration too small for a finite quantile: every set is full)"
+                                               if None in conf["quantiles"] else "") + ".",
+        f"- Shift alarm: {shift['test']}; {shift['reference_items']} reference (training) items. The test split "
+        f"against them: {verdict}.",
+        "", "![Reliability before and after temperature scaling](reliability.png)",
+    ]  # fmt: skip

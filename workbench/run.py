@@ -12,6 +12,8 @@ Run directory::
     results/                one finished method each (metrics, history, predictions): what --resume reuses
     checkpoints/            the method in training, one file per method, removed when the run completes
     <method>/               what the chosen method's stages made besides the adapter (`PlanInputs.outputs`)
+    clinical.json, .npz     a task with batch prediction: temperatures, conformal calibration, the shift alarm's
+    reliability.png         reference features (`workbench.clinical.fit`); written with report.md
     seal.json               sha256 and size of every file above (`workbench.seal`): written when the run finishes;
                             `evaluate` and `predict` verify it before they use the run
 """
@@ -313,12 +315,13 @@ def _adapt_steps(
         results[str(entry)], evaluations[str(entry)] = _run_method(run, entry, *bases[entry.model], chosen=index == 0)
     metrics = {**_metrics(config, data, before, results, task.skipped), **_item_intervals(task, config, evaluations)}
     if rank == 0:
+        clinical = _fit_clinical(task, config, data, out_dir) if reports else None
         if reports:
             figures = task.figures(evaluations, out_dir) + [report.learning_curves(results, out_dir)]
             write_text(
                 out_dir / "report.md",
                 report.markdown(config, data, metrics, figures, task.metrics, task.metrics_note, task.default_method,
-                                task.lower_is_better),  # fmt: skip
+                                task.lower_is_better, clinical),  # fmt: skip
             )
         write_json(out_dir / "metrics.json", metrics)  # last: its presence marks the run complete
         _remove_checkpoints(out_dir)
@@ -327,6 +330,20 @@ def _adapt_steps(
             print(f"run written to {out_dir}")
         return Run.load(out_dir)  # rebuilt from what was written: the run directory is the result
     return Run(out_dir, config, metrics)
+
+
+def _fit_clinical(task: Task, config: RunConfig, data: TaskData, out_dir: Path) -> dict[str, Any] | None:
+    """Temperatures, conformal calibration and the shift alarm's reference of the chosen method's merged model, for
+    a task with batch prediction (`workbench.clinical.fit`): what ``clinical.json`` holds, None without."""
+    if "predict" not in task.capabilities:
+        return None
+    from workbench.clinical.fit import fit_run
+
+    state = randomness.capture()  # rank 0 alone: no barrier (`_chosen_model`), and the run's draws go on unchanged
+    try:
+        return fit_run(task, _adapted_model(out_dir, config), data, out_dir, config.seed)
+    finally:
+        randomness.restore(state)
 
 
 def evaluate(
@@ -374,9 +391,11 @@ def predict(
     """Score every input of the folder ``input`` with a finished run's merged model (``workbench predict``).
 
     Writes ``output`` (CSV, one row per input: the task's columns and a ``status`` saying why a bad input has no
-    scores) and beside it ``<output stem>.json``: sha256 of the base model's files, the adapter, the data card and
-    the CSV, what the run's seal said (``run_seal``), the facts the task adds (classes, thresholds, ...), the
-    workbench version. Returns that record.
+    scores; for a run with a ``clinical.json``, `workbench.clinical.predictor`'s ``calibrated_p_<class>`` and
+    ``conformal_set`` columns) and beside it ``<output stem>.json``: sha256 of the base model's files, the adapter,
+    the data card and the CSV, what the run's seal said (``run_seal``), the facts the task adds (classes,
+    thresholds, ...), the workbench version, and ``clinical`` (calibration, conformal level, the shift alarm's
+    statistic, p-value and verdict for the whole input folder; None for a run without). Returns that record.
 
     Before the model is loaded and any input scored: the run's files are verified against its seal (a changed file
     is a `UserError` naming it unless ``trust_modified``: then the record says so), and the output is checked
@@ -394,6 +413,7 @@ def predict(
     from datetime import datetime, timezone
 
     import workbench
+    from workbench.clinical.predictor import ClinicalPredictor
     from workbench.datacard import load_card
     from workbench.outputs import check_location, check_output, record_path, write_pair
 
@@ -411,7 +431,8 @@ def predict(
         finished = Run.load(run)
         adapter = json.loads((finished.path / "adapter.json").read_text())
         task.use_run_state(adapter["task_state"])
-        predictions = task.predict_folder(finished.model, folder, adapter["task_state"])
+        predictor = ClinicalPredictor(finished.path, config, task, finished.model, adapter, sealed, shift_window=0)
+        predictions, _, clinical = predictor.predict(folder)  # + calibrated probabilities and conformal sets
         statuses = [row.get("status", "ok") for row in predictions.rows]
         if all(status != "ok" for status in statuses):
             first = next(iter(predictions.rows), {})
@@ -447,12 +468,20 @@ def predict(
             "records": len(predictions.rows),
             "failed": sum(status != "ok" for status in statuses),
             **predictions.facts,
+            "clinical": _clinical_record(predictor.describe(), clinical) if predictor.summary is not None else None,
             "sha256": files,
         }
         content = (json.dumps(record, indent=2) + "\n").encode()
         check_output(output, True, len(table) + len(content))  # the exact size, now that it is known
         write_pair(output, table, record_path(output), content)
     return record
+
+
+def _clinical_record(described: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
+    """The prediction record's ``clinical`` part: the run's calibration and conformal settings, the alarm's test,
+    and for this batch the shift statistic, p-value and verdict and the kind of conformal sets given."""
+    return {"calibration": described["calibration"], "conformal": described["conformal"],
+            "shift_test": described["shift"], "shift": batch["shift"], "conformal_kind": batch["conformal_kind"]}
 
 
 def _output_estimate(folder: Path) -> int:

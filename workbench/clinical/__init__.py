@@ -1,0 +1,10 @@
+"""Clinical use of a finished classification run: calibrated probabilities (`calibration`), conformal prediction
+sets, weighted under covariate shift (`conformal`), a shift alarm on the model's features (`shift_alarm`), what an
+adapt run fits and keeps for them (`fit`), and the predictor that answers with all three (`predictor`).
+
+Example::
+
+    >>> from workbench.clinical.predictor import ClinicalPredictor        # doctest: +SKIP
+    >>> predictor = ClinicalPredictor.load("runs/ptbxl")                  # doctest: +SKIP
+    >>> predictor.answer(Path("new_records"))[0]["conformal_set"]         # doctest: +SKIP
+"""

@@ -1,0 +1,265 @@
+"""The served model: a FastAPI app around a loaded `workbench.clinical.predictor.ClinicalPredictor`.
+
+Routes:
+
+- ``POST /predict``: one record, either as a multipart upload of its files in the task's own format (form fields
+  other than files, a question say, are stored as ``<field>.txt`` beside them) or as a JSON body
+  ``{"path": "<relative path inside the intake folder>"}``. Answers ``{"request_id", "input_sha256", "model",
+  "results": [one dict per scored item: record, status, labels, probabilities, conformal_set, shift, ...]}``.
+- ``GET /model``: the predictor's ``describe()`` (task, method, hashes, version, calibration, conformal, shift,
+  intended use).
+- ``GET /health``: ``{"status": "ok"}`` without a token (503 while shutting down).
+
+Every route but ``/health`` needs ``Authorization: Bearer <token>`` (`workbench.serve.auth`; 401 otherwise).
+Refusals are one-line JSON messages (``{"detail": ..., "request_id": ...}``), never a stack trace: 400 a malformed
+request, 404 an intake path that names nothing, 408 a body not received in time, 411 no ``Content-Length``, 413
+above a limit (`workbench.serve.limits`), 415 neither multipart nor JSON, 422 a record the task's reader refuses
+(its own message), 504 no answer within ``timeout_s``, 500 a fault of the server (logged with its traceback, the
+client gets the request id). Every ``/predict`` request that passed the token check, answered or refused, gets one
+audit line (`workbench.serve.audit`), written and synced before the response is sent; when it cannot be written the
+client gets 503 and no answer.
+
+While draining (`Gate.draining`, set by the first SIGTERM or Ctrl-C in `workbench.serve.server`), new requests get
+503 and the ones in flight finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+
+import workbench
+from workbench.errors import UserError
+from workbench.serve.audit import AuditLog
+from workbench.serve.auth import Tokens
+from workbench.serve.limits import Limits, too_large
+from workbench.serve.uploads import Refused, RequestFolder, intake_files, open_plain, safe_name
+
+log = logging.getLogger("workbench.serve")
+
+#: Keys of the predictor's ``describe()`` that name the model in every answer and audit line.
+MODEL_KEYS = ("task", "method", "adapter_sha256", "base_model", "workbench_version")
+
+
+class Gate:
+    """ASGI wrapper that counts requests in flight and, once ``draining``, answers new ones 503."""
+
+    def __init__(self, app: Any):
+        self.app, self.draining, self.in_flight = app, False, 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.draining:
+            response = JSONResponse({"detail": "the server is shutting down; send the request again elsewhere or "
+                                     "later"}, status_code=503, headers={"Connection": "close"})  # fmt: skip
+            await response(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+def create_app(predictor: Any, tokens: Tokens, audit: AuditLog, limits: Limits, intake: Path | None = None,
+               workers: int = 1) -> Gate:  # fmt: skip
+    """The app answering with ``predictor`` (``describe()``, ``answer(folder)``), wrapped in its `Gate`.
+
+    Args:
+        predictor: a loaded `workbench.clinical.predictor.ClinicalPredictor` (or anything with its two methods).
+        tokens: who may call (`workbench.serve.auth.load_tokens`).
+        audit: the open audit log.
+        limits: request limits.
+        intake: the folder JSON requests may name paths in (resolved); None refuses such requests.
+        workers: threads that run ``predictor.answer``.
+    """
+    description = predictor.describe()
+    model = {key: description.get(key) for key in MODEL_KEYS}
+    executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="workbench-predict")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        yield
+        executor.shutdown(wait=True)  # answers still running (past their timeout) finish and remove their folders
+
+    app = FastAPI(title="workbench", version=workbench.__version__, docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)  # fmt: skip
+
+    def refusal(status: int, detail: str, request_id: str | None = None, **headers: str) -> JSONResponse:
+        body = {"detail": detail} if request_id is None else {"detail": detail, "request_id": request_id}
+        return JSONResponse(body, status_code=status, headers=headers or None)
+
+    def unauthorised() -> JSONResponse:
+        return refusal(401, "a bearer token is required: Authorization: Bearer <token>", **{"WWW-Authenticate":
+                       "Bearer"})  # fmt: skip
+
+    @app.exception_handler(Exception)
+    async def _fault(request: Request, error: Exception) -> JSONResponse:  # a route's bug: never a trace to clients
+        log.exception("%s %s failed", request.method, request.url.path)
+        return refusal(500, "internal error of the server; its log has the details")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/model")
+    async def describe(request: Request) -> Any:
+        if tokens.caller(request.headers.get("authorization")) is None:
+            return unauthorised()
+        return await run_in_threadpool(predictor.describe)
+
+    @app.post("/predict")
+    async def predict(request: Request) -> JSONResponse:
+        caller = tokens.caller(request.headers.get("authorization"))
+        if caller is None:
+            log.warning("refused a /predict request from %s: no valid token", request.client)
+            return unauthorised()
+        request_id, started = uuid.uuid4().hex, time.monotonic()
+        folder = RequestFolder(Path(tempfile.mkdtemp(prefix="workbench-serve-")), limits.max_request_bytes,
+                               limits.max_files)  # fmt: skip
+        answers: list[dict[str, Any]] | None = None
+        progress: dict[str, Any] = {"phase": "reading the request", "job": None}
+
+        async def handle() -> list[dict[str, Any]]:
+            await _receive(request, folder)
+            for path in sorted(folder.folder.iterdir()):
+                problem = too_large(path, limits)
+                if problem:
+                    raise Refused(413, problem)
+            progress["phase"] = "answering"
+            progress["job"] = executor.submit(_answer_then_remove, predictor, folder.folder)
+            return await asyncio.wrap_future(progress["job"])
+
+        try:
+            answers = await asyncio.wait_for(handle(), limits.timeout_s)
+            status, detail = _status_of(answers)
+        except asyncio.TimeoutError:
+            status = 408 if progress["phase"] == "reading the request" else 504
+            detail = f"no answer within {limits.timeout_s:g} s ({progress['phase']}; --timeout-s)"
+        except Refused as error:
+            status, detail = error.status, str(error)
+        except HTTPException as error:  # the form parser's refusals (too many files or fields, a malformed body)
+            status, detail = (error.status_code if error.status_code < 500 else 400), str(error.detail)
+        except UserError as error:  # the task's reader: the record's own one-line message
+            status, detail = 422, str(error)
+        except Exception:
+            log.exception("request %s failed", request_id)
+            status, detail = 500, f"internal error of the server (request {request_id}); its log has the details"
+        finally:
+            job = progress["job"]
+            if job is None or job.cancelled():  # else the thread answering owns the folder
+                shutil.rmtree(folder.folder, ignore_errors=True)
+        detail = _without_folder(detail, folder.folder)
+        for answer in answers or ():
+            answer["status"] = _without_folder(answer.get("status"), folder.folder)
+        entry = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "request_id": request_id,
+            "caller": caller,
+            "http_status": status,
+            "input_sha256": folder.sha256 if folder.digests else None,
+            "input_files": sorted(folder.digests),
+            "model": model,
+            "workbench_version": workbench.__version__,
+            "outputs": answers,
+            "shift": next((a.get("shift") for a in answers or () if a.get("shift") is not None), None),
+            "detail": detail,
+            "seconds": round(time.monotonic() - started, 6),
+        }
+        try:
+            await run_in_threadpool(audit.append, entry)
+        except (OSError, ValueError):
+            log.exception("request %s: the audit line could not be written; no answer is given", request_id)
+            return refusal(503, "the audit log cannot be written: no answer is given without its audit line",
+                           request_id)  # fmt: skip
+        if status != 200:
+            return refusal(status, detail, request_id)
+        body = {"request_id": request_id, "input_sha256": entry["input_sha256"], "model": model, "results": answers}
+        return JSONResponse(body, headers={"X-Request-ID": request_id})
+
+    async def _receive(request: Request, folder: RequestFolder) -> None:
+        """The request's record into ``folder``: checked headers first, then the multipart files or the intake
+        path's files."""
+        length = request.headers.get("content-length")
+        if length is None:
+            raise Refused(411, "a Content-Length header is required")
+        if not length.isdigit():
+            raise Refused(400, f"Content-Length {length!r}: expected a number of bytes")
+        if int(length) > limits.max_request_bytes:
+            raise Refused(413, f"request of {int(length) / 2**20:.1f} MiB, above this server's limit of "
+                               f"{limits.max_request_bytes / 2**20:g} MiB (--max-request-mb)")  # fmt: skip
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind == "multipart/form-data":
+            async with request.form(max_files=limits.max_files, max_fields=limits.max_files) as form:
+                if not any(isinstance(value, UploadFile) for _, value in form.multi_items()):
+                    raise Refused(400, "multipart upload without a file: send the record's files")
+                for field, value in form.multi_items():
+                    if isinstance(value, UploadFile):
+                        await run_in_threadpool(folder.add, safe_name(value.filename), value.file)
+                    else:
+                        await run_in_threadpool(folder.add_text, safe_name(f"{field}.txt"), value)
+        elif kind == "application/json":
+            try:
+                body = await request.json()
+            except ValueError as error:
+                raise Refused(400, f"JSON body: not valid JSON ({error})") from None
+            if not isinstance(body, dict) or "path" not in body:
+                raise Refused(400, "JSON body: expected {\"path\": \"<path inside the intake folder>\"}")
+            if intake is None:
+                raise Refused(400, "this server has no intake folder (workbench serve --intake): upload the files")
+            for path in await run_in_threadpool(intake_files, intake, body["path"]):
+                with open_plain(path) as source:
+                    await run_in_threadpool(folder.add, safe_name(path.name), source)
+            for field, value in body.items():
+                if field != "path":
+                    if not isinstance(value, str):
+                        raise Refused(400, f"JSON body: field {field!r}: expected a string")
+                    await run_in_threadpool(folder.add_text, safe_name(f"{field}.txt"), value)
+        else:
+            raise Refused(415, f"Content-Type {kind or '(none)'!r}: expected multipart/form-data (the record's files) "
+                               "or application/json ({\"path\": ...})")  # fmt: skip
+
+    return Gate(app)
+
+
+def _answer_then_remove(predictor: Any, folder: Path) -> list[dict[str, Any]]:
+    """``predictor.answer(folder)``, then the request's folder is removed (also after a timeout: this thread owns
+    it)."""
+    try:
+        return predictor.answer(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _without_folder(text: str | None, folder: Path) -> str | None:
+    """``text`` (a reader's message) without the request's temporary folder: file names as the client sent them."""
+    if text is None:
+        return None
+    return text.replace(f"{folder}/", "").replace(str(folder), "the upload")
+
+
+def _status_of(answers: list[dict[str, Any]]) -> tuple[int, str | None]:
+    """200 when at least one item was scored, else 422 with the first item's reason (400 when there was none)."""
+    if any(answer.get("status") == "ok" for answer in answers):
+        return 200, None
+    if not answers:
+        return 400, "nothing in the request could be scored"
+    first = answers[0]
+    return 422, f"{first.get('record')}: {first.get('status')}"
