@@ -7,7 +7,7 @@ subspace, a misspecified linear model whose weighted fit the ratio must correct)
 scoring. Every entry fits the same linear model for the same epochs, weighted by its estimator's ratio (``full``:
 unweighted). The estimator-level NMSE against the known ratio is `benchmarks/density_ratio_nmse.py`.
 
-    python benchmarks/covariate_shift_weights.py       # d = 10 and 50, 2 folds × seeds 100-102
+    python benchmarks/covariate_shift_weights.py       # d = 10 and 50, 3 folds × seeds 200-202
     python benchmarks/covariate_shift_weights.py --dev
 """
 
@@ -30,7 +30,7 @@ def dimension(dim: int) -> Benchmark:
     """The comparison on generated problems of ``dim`` features."""
     return Benchmark(
         name=f"covariate_shift_weights_d{dim}",
-        spec=CompareSpec("features", ENTRIES, folds=2, seeds=tuple(range(100, 103)), learner="dre-pp",
+        spec=CompareSpec("features", ENTRIES, folds=3, seeds=tuple(range(200, 203)), learner="dre-pp",
                          task_options={"problem": "covariate-shift", "dim": dim}),  # fmt: skip
         metrics=("mse", "r2"),
         names=NAMES,

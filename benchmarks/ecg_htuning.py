@@ -24,7 +24,7 @@ smaller than its teacher — into ``results/ecg_htuning_costs.json``:
 2. forward latency (one thread, ``inference_mode``, median of interleaved repeats) and size of the shipped teacher
    and fresh 12/3/1-lead students, at batch 1 and 32.
 
-    python benchmarks/ecg_htuning.py            # full, htuning, lora × 3 folds × seeds 100-104
+    python benchmarks/ecg_htuning.py            # full, htuning, lora × 3 folds × seeds 200-204
     python benchmarks/ecg_htuning.py --dev      # seeds 0, 1 (development; no results file)
     python benchmarks/ecg_htuning.py --costs    # memory per step and latency (~5 min)
 """
@@ -52,7 +52,7 @@ from workbench.comparison_report import Claim
 BENCHMARK = Benchmark(
     name="ecg_htuning",
     spec=CompareSpec(
-        "ptbxl", ("full", "htuning", "lora"), folds=3, seeds=(100, 101, 102, 103, 104), budget="convergence",
+        "ptbxl", ("full", "htuning", "lora"), folds=3, seeds=(200, 201, 202, 203, 204), budget="convergence",
         epochs=30, patience=10, lr_grid=(5e-4, 2e-3), schedule="linear", warmup_share=0.01,
         select_on="macro_average_precision",
     ),

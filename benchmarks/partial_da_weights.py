@@ -8,7 +8,7 @@ the target lacks 5); the folds hold out target rows for scoring (the other targe
 Every method starts from the same source-only model and trains the same 40 epochs (the task default is 60 with
 early stopping; cut to fit this machine).
 
-    python benchmarks/partial_da_weights.py            # 4 methods × 3 folds × seeds 100-104
+    python benchmarks/partial_da_weights.py            # 4 methods × 3 folds × seeds 200-204
     python benchmarks/partial_da_weights.py --dev      # seeds 0, 1 (development; no results file)
 """
 
@@ -22,7 +22,7 @@ from workbench.comparison_report import Claim
 BENCHMARK = Benchmark(
     name="partial_da_weights",
     spec=CompareSpec(
-        "features", ("full", "warmpot", "pada", "oracle"), folds=3, seeds=tuple(range(100, 105)), epochs=40,
+        "features", ("full", "warmpot", "pada", "oracle"), folds=3, seeds=tuple(range(200, 205)), epochs=40,
         learner="warmpot",  # uniform weights retrain the source model on its own data: not meant to move
     ),
     metrics=("balanced_accuracy", "accuracy"),
