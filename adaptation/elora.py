@@ -677,7 +677,7 @@ class ELoRA(Method):
 
     name = "elora"
     description = "Equivariant LoRA: per-path low-rank weight updates of e3nn/MACE layers (ICML 2025)"
-    model_families = ("mace",)
+    model_families = ("mace", "sevennet")
     learning_rate = 5e-3  # the authors'; 2e-3 and 1e-2 were no better on rmd17 validation (50 frames)
     options = (
         Option("rank", int, 16, "LoRA rank r of every ELoRA update"),

@@ -41,7 +41,7 @@ from typing import Callable
 warnings.filterwarnings("ignore", message="Montage name 'standard_1020' is deprecated", category=FutureWarning)
 
 #: The model families (one module each), imported on first use as attributes (``workbench.models.mace``).
-FAMILIES = ("ecg", "eeg", "graph", "mace", "medvl", "mlp", "physio", "vq")
+FAMILIES = ("ecg", "eeg", "graph", "mace", "medvl", "mlp", "physio", "sevennet", "vq")
 
 
 def __getattr__(name: str):

@@ -25,6 +25,7 @@ from e3nn import o3
 from mace import modules
 from mace.modules.wrapper_ops import CUET_AVAILABLE
 from torch import nn
+from workbench.models.potentials import atomic_numbers_of, set_atomic_energies  # noqa: F401  (this module's API too)
 
 from workbench.checkpoint import load_model, save_tensors, write_json
 from workbench.errors import UserError
@@ -228,22 +229,6 @@ def to_cueq(model: nn.Module) -> nn.Module:
         target.symmetric_contractions.elora_blocks = blocks
         target.symmetric_contractions.elora_projection = projection
     return declare(converted.to(parameter.dtype).eval())
-
-
-def atomic_numbers_of(model: nn.Module) -> list[int]:
-    """The elements a MACE model knows, in the order of its one-hot embedding."""
-    return [int(z) for z in model.atomic_numbers]
-
-
-def set_atomic_energies(model: nn.Module, e0s_ev: Mapping[int, float]) -> None:
-    """Replace the model's isolated-atom energies E0 (eV per element) in place."""
-    zs = atomic_numbers_of(model)
-    missing = [z for z in zs if z not in e0s_ev]
-    if missing:
-        raise UserError(f"E0s are missing for atomic number(s) {missing}")
-    buffer = model.atomic_energies_fn.atomic_energies
-    values = torch.tensor([[e0s_ev[z] for z in zs]], dtype=buffer.dtype, device=buffer.device)
-    buffer.copy_(values.reshape(buffer.shape))
 
 
 def calculator(model: nn.Module, device: str = "cpu"):

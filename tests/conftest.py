@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from workbench.models.mace import FOUNDATION_ARCHITECTURE, build_mace
 
 import workbench  # noqa: F401  (sets torch's safe globals before e3nn is imported)
 
@@ -22,6 +21,8 @@ EMBEDDED_RMD17 = ROOT / "domains" / "atomistic" / "embedded" / "rmd17"
 def small_mace(seed: int = 0, channels: int = 16, **replace):
     """A random MACE of the foundation's architecture with fewer channels (fast tests); ``replace`` swaps
     hyper-parameters (``use_reduced_cg=True``)."""
+    from workbench.models.mace import FOUNDATION_ARCHITECTURE, build_mace  # mace-torch: not in SevenNet's environment
+
     torch.manual_seed(seed)
     hparams = dict(
         FOUNDATION_ARCHITECTURE,

@@ -145,6 +145,7 @@ CASES = {
     "full": ({}, mace_case),
     "readout": ({}, mace_case),
     "mace-lora": ({"rank": 2}, mace_case),
+    "feature-lora": ({"rank": 2, "alpha": 2.0}, mace_case),
     "warmpot": ({}, mlp_case),
     "pada": ({}, mlp_case),
     "oracle": ({}, mlp_case),

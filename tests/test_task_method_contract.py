@@ -17,7 +17,7 @@ from workbench.registry import methods, tasks
 
 #: task -> the methods that apply to its default model and data.
 APPLIES = {
-    "rmd17": {"elora", "full", "readout", "mace-lora"},
+    "rmd17": {"elora", "full", "readout", "mace-lora", "feature-lora"},
     "ptbxl": {"full", "readout", "lora", "lift", "htuning", "distill"},
     "sleepedf": {"full", "readout", "lora", "lift", "htuning"},
     "motor-imagery": {"full", "readout", "lora", "lift", "htuning"},

@@ -225,11 +225,12 @@ class Task:
 
     def model_choice(self, source: str | Path | None) -> tuple[str, str | None]:
         """(registered model name, checkpoint path or None) of ``--model``: None is the task's default model, a
-        registered name that model (its shipped checkpoint, or built fresh), anything else a checkpoint path read
+        registered name that model (its shipped checkpoint, or built fresh; a name whose plug-in cannot load is
+        refused by `workbench.registry.Registry.get` with the extra to install), anything else a checkpoint path read
         by the task's default model family."""
         if source is None:
             return self.default_model, None
-        if str(source) in models.names():
+        if str(source) in models.declared():
             return str(source), None
         return self.default_model, str(source)
 

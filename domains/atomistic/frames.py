@@ -1,24 +1,32 @@
-"""Molecular frames in the workbench's units, and their conversion to MACE graphs.
+"""Molecular frames in the workbench's units, and their conversion to graphs in MACE's layout.
 
 Shapes and units:
     atomic_numbers (n_atoms,) · positions_a (n_atoms, 3) [Å] · energy_ev () [eV] ·
     forces_ev_per_a (n_atoms, 3) [eV/Å]
+
+Graphs are mace-torch's ``AtomicData`` where mace-torch is installed (the ``atomistic`` extra). In an environment
+without it (the ``sevennet`` extra: sevenn and mace-torch pin incompatible e3nn releases) they are PyTorch Geometric
+``Data`` with the same fields, built by `plain_graphs` (tested equal to mace-torch's graphs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
-from mace import data as mace_data
-from mace.tools import AtomicNumberTable
-from mace.tools.torch_geometric import Batch
 from torch import nn
-from workbench.models.mace import default_dtype
 
 from workbench.errors import UserError
+
+try:  # mace-torch is the atomistic extra's; SevenNet's environment has PyTorch Geometric instead
+    from mace import data as mace_data
+    from mace.tools import AtomicNumberTable
+    from mace.tools.torch_geometric import Batch
+except ImportError:
+    mace_data = None
+    from torch_geometric.data import Batch
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,13 @@ def check_elements(frames: Sequence[Frame], known: Sequence[int], source: str) -
 
 def to_graphs(
     frames: Sequence[Frame], atomic_numbers: Sequence[int], r_max: float, dtype: torch.dtype = torch.float64
-) -> list[mace_data.AtomicData]:
-    """MACE graphs (neighbour lists within ``r_max`` Å) of ``frames`` in ``dtype``, labels included when present."""
+) -> list[Any]:
+    """MACE graphs (neighbour lists within ``r_max`` Å) of ``frames`` in ``dtype``, labels included when present;
+    without mace-torch, `plain_graphs`."""
+    if mace_data is None:
+        return plain_graphs(frames, atomic_numbers, r_max, dtype)
+    from workbench.models.mace import default_dtype
+
     table = AtomicNumberTable(list(atomic_numbers))
     graphs = []
     for frame in frames:
@@ -65,13 +78,57 @@ def to_graphs(
     return graphs
 
 
-def collate(graphs: Sequence[mace_data.AtomicData], device: torch.device | str = "cpu") -> Batch:
+def plain_graphs(
+    frames: Sequence[Frame], atomic_numbers: Sequence[int], r_max: float, dtype: torch.dtype = torch.float64
+) -> list[Any]:
+    """`to_graphs`' graphs as PyTorch Geometric ``Data``, without mace-torch: the fields of mace-torch's
+    ``AtomicData`` that a potential and the loss read, for molecules (no periodic cell).
+
+    An edge ``(sender, receiver)`` joins two distinct atoms closer than ``r_max`` Å (every such ordered pair),
+    ``shifts`` are zero; ``node_attrs`` is one-hot over ``atomic_numbers``; ``weight``, ``energy_weight`` and
+    ``forces_weight`` are 1, or 0 for an absent label (whose value is then 0).
+    """
+    from torch_geometric.data import Data
+
+    index = {int(z): i for i, z in enumerate(atomic_numbers)}
+    graphs = []
+    for frame in frames:
+        positions = np.asarray(frame.positions_a, dtype=np.float64)
+        distance = np.linalg.norm(positions[:, None] - positions[None], axis=-1)
+        sender, receiver = np.nonzero((distance < r_max) & ~np.eye(len(positions), dtype=bool))
+        n_atoms, n_edges = len(positions), len(sender)
+        one_hot = np.zeros((n_atoms, len(index)))
+        one_hot[np.arange(n_atoms), [index[int(z)] for z in frame.atomic_numbers]] = 1.0
+        has_energy, has_forces = frame.energy_ev is not None, frame.forces_ev_per_a is not None
+        forces = frame.forces_ev_per_a if has_forces else np.zeros((n_atoms, 3))
+
+        def tensor(values: Any) -> torch.Tensor:
+            return torch.as_tensor(np.asarray(values, dtype=np.float64)).to(dtype)
+
+        graphs.append(
+            Data(
+                num_nodes=n_atoms,
+                edge_index=torch.as_tensor(np.stack([sender, receiver]), dtype=torch.int64),
+                positions=tensor(positions),
+                shifts=tensor(np.zeros((n_edges, 3))),
+                node_attrs=tensor(one_hot),
+                weight=tensor(1.0),
+                energy_weight=tensor(float(has_energy)),
+                forces_weight=tensor(float(has_forces)),
+                energy=tensor(frame.energy_ev if has_energy else 0.0),
+                forces=tensor(forces),
+            )
+        )
+    return graphs
+
+
+def collate(graphs: Sequence[Any], device: torch.device | str = "cpu") -> Batch:
     """One batch of graphs on ``device``."""
     return Batch.from_data_list(list(graphs)).to(device)
 
 
 def predict(
-    model: nn.Module, graphs: Sequence[mace_data.AtomicData], batch_size: int = 32, device: torch.device | str = "cpu"
+    model: nn.Module, graphs: Sequence[Any], batch_size: int = 32, device: torch.device | str = "cpu"
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Energies ``(n_frames,)`` [eV] and forces (a list of ``(n_atoms, 3)`` [eV/Å]) predicted by ``model``."""
     model.eval()

@@ -5,11 +5,15 @@ level of theory. Before training, the isolated-atom energies E0 are re-fitted to
 theory (least squares of the reference energies minus the model's interaction energies over the
 training frames), so that "before" measures the model, not an arbitrary energy zero.
 
-Loss (MACE's ``WeightedEnergyForcesLoss``)::
+Loss (MACE's ``WeightedEnergyForcesLoss``, `energy_forces_loss`)::
 
     L = w_E · mean_graphs((ΔE / n_atoms)²) + w_F · mean_components(ΔF²)     [eV², (eV/Å)²]
 
 with ``w_E = 1``, ``w_F = 1000`` by default (the ELoRA authors' weights).
+
+The model is a potential of any family that speaks MACE's calling convention (`workbench.models.potentials`): MACE
+(the ``atomistic`` extra, the default) or a published SevenNet (``--model sevennet-0``, the ``sevennet`` extra, in an
+environment without mace-torch: nothing here imports mace-torch at module level).
 
 Grouped folds (``workbench compare``): the group is a *trajectory block*, ``--fold-block`` consecutive frames in the
 file's order (``block0`` = frames 0..B-1, ``block1`` = B..2B-1, ...; the last block holds what is left; frames are the
@@ -32,6 +36,7 @@ differ by 90-94 % of the coordinate RMSD of frames 60 apart. What a block is els
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -39,7 +44,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
-from mace.modules import WeightedEnergyForcesLoss
 from torch import nn
 from workbench.domains.atomistic import plots
 from workbench.domains.atomistic.frames import check_elements, collate, predict, to_graphs
@@ -53,7 +57,7 @@ from workbench.domains.atomistic.readers import (
     read_sgdml,
 )
 from workbench.domains.atomistic.units import EV_PER_ENERGY_UNIT
-from workbench.models.mace import atomic_numbers_of, set_atomic_energies, to_cueq
+from workbench.models.potentials import atomic_numbers_of, set_atomic_energies
 
 from workbench import resampled_metrics
 from workbench.errors import UserError
@@ -79,7 +83,7 @@ def fit_atomic_energies(model: nn.Module, graphs: Sequence[Any], prior_ev: Mappi
     zs = atomic_numbers_of(model)
     e0_now = model.atomic_energies_fn.atomic_energies.detach().cpu().numpy().reshape(-1)
     prior = np.array([prior_ev.get(z, float(e0)) for z, e0 in zip(zs, e0_now)])
-    counts = np.stack([g.node_attrs.sum(dim=0).numpy() for g in graphs])  # one-hot rows in the model's z order
+    counts = np.stack([g["node_attrs"].sum(dim=0).numpy() for g in graphs])  # one-hot rows in the model's z order
     predicted, _ = predict(model, graphs)
     reference = np.array([float(g.energy) for g in graphs])
     residual = reference - (predicted - counts @ e0_now) - counts @ prior
@@ -87,6 +91,20 @@ def fit_atomic_energies(model: nn.Module, graphs: Sequence[Any], prior_ev: Mappi
     correction = np.zeros(len(zs))
     correction[present] = np.linalg.lstsq(counts[:, present], residual, rcond=None)[0]
     return {z: float(e) for z, e in zip(zs, prior + correction)}
+
+
+def energy_forces_loss(ref: Any, pred: Mapping[str, torch.Tensor], energy_weight: float, forces_weight: float
+                       ) -> torch.Tensor:  # fmt: skip
+    """MACE's ``WeightedEnergyForcesLoss`` (module doc) of a batch ``ref`` and a potential's output ``pred``: each
+    graph's and each atom's terms weighted by the graph's ``weight`` and its label weights, then averaged.
+
+    Shapes: ``pred["energy"] (n_graphs,)`` [eV], ``pred["forces"] (n_atoms, 3)`` [eV/Å] -> () [eV²].
+    """
+    n_atoms = ref.ptr[1:] - ref.ptr[:-1]
+    energy = ref.weight * ref.energy_weight * torch.square((ref["energy"] - pred["energy"]) / n_atoms)
+    per_atom_weight = torch.repeat_interleave(ref.weight * ref.forces_weight, n_atoms).unsqueeze(-1)
+    forces = per_atom_weight * torch.square(ref["forces"] - pred["forces"])
+    return energy_weight * torch.mean(energy) + forces_weight * torch.mean(forces)
 
 
 def read_e0s_file(path: str | Path, needed: Sequence[int]) -> dict[int, float]:
@@ -103,6 +121,19 @@ def read_e0s_file(path: str | Path, needed: Sequence[int]) -> dict[int, float]:
     if missing:
         raise UserError(f"{path}: E0s are missing for atomic number(s) {missing}; add them or use --e0s fit")
     return e0s
+
+
+def frames_beyond_gap(n_frames: int, test: np.ndarray, gap: int) -> np.ndarray:
+    """Indices of the ``n_frames`` frames more than ``gap`` frames away from every frame index in ``test``, shape
+    (n_kept,), ascending (test frames themselves are never kept; ``gap`` 0 keeps every other frame)."""
+    frames = np.arange(n_frames)
+    if len(test) == 0:
+        return frames
+    test = np.sort(test)
+    right = np.searchsorted(test, frames).clip(max=len(test) - 1)
+    left = (right - 1).clip(min=0)
+    nearest = np.minimum(np.abs(frames - test[left]), np.abs(frames - test[right]))
+    return frames[nearest > gap]
 
 
 def _npz_layout(path: Path) -> str:
@@ -130,11 +161,12 @@ class Rmd17(Task):
     description = "Fine-tune a MACE foundation potential (GFN2-xTB) on PBE/def2-SVP frames of a molecule, rMD17 layout"
     card = "rmd17-embedded"
     reads = ("rmd17", "sgdml", "ase-frames")
-    requires = ("mace", "e3nn", "ase")
+    requires = ("e3nn", "ase")  # mace-torch: the mace model's (the default); sevenn: the sevennet models'
     extra = "atomistic"
     default_model = "mace"
     default_method = "elora"
-    baselines = ("full", "readout", "mace-lora")
+    #: mace-torch's LoRA where mace-torch is installed (it adapts MACE only; SevenNet's environment has no mace-torch)
+    baselines = ("full", "readout", *(("mace-lora",) if importlib.util.find_spec("mace") else ()))
     capabilities = frozenset({"folds"})
     group_kind = "trajectory block"
     item_kind = "frame"
@@ -166,6 +198,13 @@ class Rmd17(Task):
             40,
             "frames per trajectory block, the group a fold of workbench compare holds out whole (consecutive frames "
             "in the file's order)",
+        ),
+        Option(
+            "fold_gap",
+            int,
+            0,
+            "training frames left out on each side of a held-out test block in workbench compare "
+            "(a purge: at least the trajectory's correlation time, 20 frames = 200 fs on the embedded data)",
         ),
         Option(
             "units",
@@ -221,14 +260,17 @@ class Rmd17(Task):
         super().__init__(**options)
         if self.config["fold_block"] < 1:
             raise UserError(f"--fold-block must be at least 1 frame, got {self.config['fold_block']}")
-        self._loss = WeightedEnergyForcesLoss(
-            energy_weight=self.config["energy_weight"], forces_weight=self.config["forces_weight"]
-        )
+        if self.config["fold_gap"] < 0:
+            raise UserError(f"--fold-gap must be 0 or more frames, got {self.config['fold_gap']}")
 
     # -- data and model --------------------------------------------------------------------------
     def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
         model = super().load_model(source, trust_checkpoint)
-        return to_cueq(model) if self.config["backend"] == "cueq" else model
+        if self.config["backend"] != "cueq":
+            return model
+        from workbench.models.mace import to_cueq
+
+        return to_cueq(model)
 
     def read(self, data: str | Path | None, seed: int = 0) -> LabelledSet:
         """Read labelled frames: the embedded default, an rMD17 folder or npz, an sGDML npz, or a file ase reads
@@ -265,16 +307,20 @@ class Rmd17(Task):
     def hold_out(self, raw: LabelledSet, split: Mapping[str, Sequence[str]]) -> LabelledSet:
         """``raw`` with the publisher's split replaced by blocks: the frames of ``split["test"]`` blocks are the test
         split, those of ``split["val"]`` blocks the validation frames (when it names none, validation frames are
-        drawn from the training blocks), and every other block's frames the training split."""
+        drawn from the training blocks), and every other block's frames the training split. Training frames at most
+        ``--fold-gap`` frames from a test frame are left out (a purge between what is trained on and what is scored:
+        frames closer in time than the correlation time are near copies); validation blocks are kept whole (they
+        choose the epoch for every method alike, and a purge could empty them)."""
         parts = held_out_groups(self.split_groups(raw), split, raw.source, self.group_kind)
         block = np.arange(len(raw.frames)) // self.config["fold_block"]
 
         def frames_of(name: str) -> np.ndarray:
             return np.flatnonzero(np.isin(block, [int(group.removeprefix("block")) for group in parts[name]]))
 
+        test = frames_of("test")
+        train = np.intersect1d(frames_of("train"), frames_beyond_gap(len(raw.frames), test, self.config["fold_gap"]))
         val = frames_of("val") if parts["val"] else None
-        return dataclasses.replace(raw, train_indices=frames_of("train"), test_indices=frames_of("test"),
-                                   val_indices=val)  # fmt: skip
+        return dataclasses.replace(raw, train_indices=train, test_indices=test, val_indices=val)
 
     def prepare(
         self, model: nn.Module, raw: LabelledSet, train_size: int, val_size: int, seed: int
@@ -354,7 +400,7 @@ class Rmd17(Task):
 
     def loss(self, model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
         out = model(batch.to_dict(), training=training, compute_force=True)
-        return self._loss(ref=batch, pred=out)
+        return energy_forces_loss(batch, out, self.config["energy_weight"], self.config["forces_weight"])
 
     def evaluate(self, model: nn.Module, samples: Sequence[Any], device) -> Evaluation:
         """Energy [meV, meV/atom] and force-component [meV/Å] errors on ``samples``; the frames are the items, grouped
