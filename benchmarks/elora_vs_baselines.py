@@ -1,53 +1,82 @@
-"""ELoRA vs full fine-tuning on the embedded rMD17 ethanol DFT target (mace-torch's LoRA and readout-only: cut).
+"""ELoRA vs full fine-tuning on the embedded rMD17 ethanol DFT target, at two training sizes (issue 38 item 4).
 
-The claim under test (ELoRA, ICML 2025): fine-tuning a foundation potential with ELoRA gives force errors at or
-below full fine-tuning's at low data (the paper: ~24 % lower on rMD17 with larger models). Both entries start from
-the same shipped foundation model and train the same epochs (the same optimizer steps) on ``train_size`` frames of
-each fold's training blocks (folds: trajectory blocks of the task's ``--fold-block``, 40 frames = 400 fs, so a test
-frame's close neighbours in time are test frames too, except at a block's edge); the test metric is the force MAE
-over every frame of the held-out blocks. Cut for this machine: mace-torch's LoRA (``mace-lora``) and readout-only
-training (``readout``) are not run, so their claims are not tested (see ``note``).
+The claim under test (ELoRA, ICML 2025): fine-tuning a foundation potential with ELoRA gives lower force errors
+than full fine-tuning at low data (the paper: 23.7 % lower on rMD17). Both entries start from the same shipped
+foundation model and train the task's default epochs (40; the same optimizer steps, the best validation-loss epoch
+kept) on ``SIZES`` frames drawn from each fold's training blocks. Folds: trajectory blocks of 40 frames (400 fs) and
+a purge of ``GAP`` frames (200 fs, the forces' correlation time on these data: `workbench.domains.atomistic.task`)
+between every test frame and the nearest training frame, so no training frame is a near copy of a test frame.
+The test metric is the force MAE over every frame of the held-out blocks. Seeds 200-203: each redraws the folds, the
+training frames and the training randomness (4 independent units × 3 folds).
 
-Margin of "ELoRA is not worse than full": 1.7 meV/Å, 5 % of full fine-tuning's force MAE at 50 frames in this
-project's earlier measurement (34.5 meV/Å, 60 epochs) — a difference below the spread between seeds there.
+The seed count: a development pilot (seeds 0-2) did not fit on this loaded machine, so seeds 200-202 ran first and
+``workbench compare --plan --pilot benchmarks/runs/elora_vs_baselines_25 --effect 2.47`` (5 % of full fine-tuning's
+49.4 meV/Å) asked for 4 seeds (sd of a seed's mean difference 1.06 meV/Å); seed 203 was then added. The verdict is
+read once, on the 4 seeds.
 
-    python benchmarks/elora_vs_baselines.py            # 2 entries × 6 folds × seed 100
-    python benchmarks/elora_vs_baselines.py --dev      # seeds 0, 1 (development; no results file)
+Cut for this shared 2-core machine: mace-torch's LoRA (``mace-lora``) and readout-only training (``readout``) are
+not run, and the 200-frame size is not run (with a 20-frame purge around 3-4 test blocks, a fold's training blocks
+keep 100-200 of the 400 frames, and a 200-frame cell takes ~4× a 50-frame one).
+
+    python benchmarks/elora_vs_baselines.py --workers 2       # both sizes, 2 entries × 3 folds × seeds 200-203
+    python benchmarks/elora_vs_baselines.py --only 25 --dev   # seeds 0, 1 (development; no results file)
 """
 
 from __future__ import annotations
+
+import argparse
+import sys
 
 from claims import Benchmark, run
 
 from workbench.comparison import CompareSpec
 from workbench.comparison_report import Claim
 
-#: Full fine-tuning's force MAE at 50 frames [meV/Å] (earlier measurement), and 5 % of it: the non-inferiority margin.
-FULL_FORCES_MAE = 34.5
-MARGIN = round(0.05 * FULL_FORCES_MAE, 1)
+SIZES = (25, 50)
+#: Frames purged between test and training frames (200 fs at one frame per 10 fs).
+GAP = 20
+SEEDS = (200, 201, 202, 203)
+#: The paper's reported force-error reduction of ELoRA against full fine-tuning on rMD17.
+PAPER_REDUCTION = 0.237
+#: Full fine-tuning's mean force MAE at 25 frames in this benchmark's table [meV/Å] (seeds 200-203): the base of the
+#: margins below (the paper's 23.7 %, and 5 % for "not worse"), fixed from the reference's level, not the difference.
+FULL_FORCES_MAE = 49.6
 
-BENCHMARK = Benchmark(
-    name="elora_vs_baselines",
-    spec=CompareSpec("rmd17", ("full", "elora"), folds=6, seeds=(100,), epochs=10, train_size=50),
-    metrics=("forces_mae_mev_per_a", "energy_mae_mev"),
-    names={"full": "full fine-tuning", "elora": "ELoRA"},
-    claims=(
-        Claim(
-            "elora",
-            "forces_mae_mev_per_a",
-            kind="not_worse",
-            margin=MARGIN,
-            text=f"ELoRA's force error is not worse than full fine-tuning's by more than {MARGIN} meV/Å (5 % of "
-            "full's)",
+
+def size(frames: int) -> Benchmark:
+    """The comparison at ``frames`` training frames per cell."""
+    return Benchmark(
+        name=f"elora_vs_baselines_{frames}",
+        script=f"elora_vs_baselines.py --only {frames}",
+        spec=CompareSpec("rmd17", ("full", "elora"), folds=3, seeds=SEEDS, budget="steps", train_size=frames,
+                         task_options={"fold_gap": GAP}),  # fmt: skip
+        metrics=("forces_mae_mev_per_a", "energy_mae_mev"),
+        names={"full": "full fine-tuning", "elora": "ELoRA"},
+        claims=(
+            Claim("elora", "forces_mae_mev_per_a", margin=round(PAPER_REDUCTION * FULL_FORCES_MAE, 1),
+                  text=f"{frames} frames: ELoRA's force error is {PAPER_REDUCTION:.1%} below full fine-tuning's or more "
+                  f"({PAPER_REDUCTION * FULL_FORCES_MAE:.1f} meV/Å: the paper's claim)"),
+            Claim("elora", "forces_mae_mev_per_a",
+                  text=f"{frames} frames: ELoRA's force error is lower than full fine-tuning's"),
+            Claim("elora", "forces_mae_mev_per_a", kind="not_worse", margin=round(0.05 * FULL_FORCES_MAE, 1),
+                  text=f"{frames} frames: ELoRA's force error is not worse than full's by more than "
+                  f"{0.05 * FULL_FORCES_MAE:.1f} meV/Å (5 %)"),
+            Claim("elora", "energy_mae_mev", text=f"{frames} frames: ELoRA's energy error is lower than full's"),
+        ),  # fmt: skip
+        note=(
+            f"{frames} training frames per cell, 40 epochs (the task's default), batch 5, each method's default "
+            f"learning rate; 3 folds of 40-frame trajectory blocks with a {GAP}-frame purge around test frames × seeds "
+            "200-203 (4: what the plan asked for a 5 % MDD at 25 frames). Not run here: mace-torch's LoRA, readout-only, 200 frames (see the script's docstring)."
         ),
-    ),
-    note=(
-        "Cut to fit a 2-core machine shared by other jobs: 10 epochs (the earlier table: 60), 50 training frames "
-        "only (not 200), one seed over 6 folds (6 cells per entry, one independent unit: no verdict) instead of "
-        "several seeds, and neither the mace-torch LoRA (``mace-lora``) nor the readout-only entry: ELoRA vs "
-        "mace-torch LoRA and readout vs full are not tested here."
-    ),
-)
+    )
+
+
+BENCHMARKS = {frames: size(frames) for frames in SIZES}
 
 if __name__ == "__main__":
-    run(BENCHMARK)
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--only", type=int, action="append", choices=SIZES, help="one training size (repeatable)")
+    known, rest = parser.parse_known_args(sys.argv[1:])
+    for frames, benchmark in BENCHMARKS.items():
+        if not known.only or frames in known.only:
+            run(benchmark, rest)

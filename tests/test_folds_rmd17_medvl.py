@@ -58,6 +58,24 @@ def test_rmd17_blocks_are_consecutive_frames_and_a_fold_holds_whole_blocks_out(r
         Rmd17(fold_block=0)
 
 
+def test_rmd17_fold_gap_purges_frames_next_to_test_blocks(rmd17_raw):
+    """With --fold-gap G no training frame lies within G frames of a test frame (brute force over every pair), test
+    and validation frames are unchanged, and training frames farther away are all kept."""
+    _, raw = rmd17_raw
+    split = {"val": ["block2"], "test": ["block3", "block5", "block9"]}
+    plain = Rmd17().hold_out(raw, split)
+    gapped = Rmd17(fold_gap=20).hold_out(raw, split)
+    assert gapped.test_indices.tolist() == plain.test_indices.tolist()
+    distance = np.abs(plain.train_indices[:, None] - plain.test_indices[None, :]).min(axis=1)
+    assert gapped.train_indices.tolist() == plain.train_indices[distance > 20].tolist()
+    assert gapped.val_indices.tolist() == plain.val_indices.tolist() == list(range(80, 120))
+    # training blocks 0, 1, 4, 6, 7, 8: block4 lies between test blocks 3 and 5 (both edges: all 40 frames go), block6
+    # and block8 lose the 20 frames next to test blocks 5 and 9
+    assert len(gapped.train_indices) == len(plain.train_indices) - 20 * 4
+    with pytest.raises(UserError, match="--fold-gap must be 0 or more"):
+        Rmd17(fold_gap=-1)
+
+
 @pytest.mark.parametrize(
     "split, message",
     [
