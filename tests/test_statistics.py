@@ -102,6 +102,8 @@ def test_holm_decides_an_interval_that_clears_zero_alone_does_not_hold():
     assert family[0]["p_holm"] == pytest.approx(3 * alone["p"])
     assert family[0]["interval"][0] > 0 and family[0]["p_holm"] > statistics.ALPHA / 2
     assert family[0]["verdict"] == "no verdict"
+    assert "interval clears the bound, the Holm-adjusted p" in family[0]["line"]  # not "reaches across the bound"
+    assert "reaches across the bound" in _verdict(Claim("lora", "m"), _cells([0.01, -0.03, 0.02, 0.005], seeds))["line"]
 
 
 def test_equivalence_is_tested_on_both_sides():

@@ -222,8 +222,9 @@ class Claim:
     def decide(self, evidence: Mapping[str, Any], adjusted: float) -> tuple[str, str]:
         """(verdict, why): "holds" when the Holm-adjusted p is below `statistics.ALPHA` / 2; "does not hold" when the
         95 % interval contradicts the claim (lies at or beyond the bound the wrong way; for equivalence, outside
-        ± margin); else "no verdict", and always "no verdict" below `statistics.MIN_UNITS` units or when the
-        reference did not move from the base model."""
+        ± margin); else "no verdict" (saying whether the interval clears the bound and only the Holm adjustment
+        stops it), and always "no verdict" below `statistics.MIN_UNITS` units or when the reference did not move from
+        the base model."""
         units = evidence["units"]
         if units < statistics.MIN_UNITS:
             return "no verdict", f"{units} unit(s), at least {statistics.MIN_UNITS} needed"
@@ -232,12 +233,15 @@ class Claim:
         if adjusted < statistics.ALPHA / 2:
             return "holds", ""
         low, high = sorted(-x if evidence["lower"] else x for x in evidence["interval"])  # towards "better"
+        bound = self.margin if self.kind == "better" else -self.margin  # of "better" and "not_worse"
         if self.kind == "equivalent":
             contradicted = low >= self.margin or high <= -self.margin
         else:
-            contradicted = high <= (self.margin if self.kind == "better" else -self.margin)
+            contradicted = high <= bound
         if contradicted:
             return "does not hold", ""
+        if (-self.margin < low and high < self.margin) if self.kind == "equivalent" else low > bound:
+            return "no verdict", f"the 95 % interval clears the bound, the Holm-adjusted p ({adjusted:.2g}) does not"
         underpowered = (
             " and the minimum detectable difference exceeds the margin" if evidence["mdd"] > self.margin else ""
         )
