@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from workbench.checkpoint import write_json, write_text
 from workbench.comparison import CompareSpec, compare
-from workbench.comparison_report import Claim, did_not_move, moved_text, statistics_text, summarise, table, verdicts
+from workbench.comparison_report import Claim, reference_line, statistics_text, summarise, table, verdicts
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -137,10 +137,7 @@ def rendered(result: dict[str, Any]) -> str:
         _named(table(comparison, result["table_metrics"]), result["names"]),
         "",
     ]
-    moved = comparison["reference_moved"].get(result["table_metrics"][0])
-    if did_not_move(moved):
-        lines += [f"Nothing trained on {result['table_metrics'][0]} ({moved_text(moved)}): no entry gets a verdict.",
-                  ""]  # fmt: skip
+    lines += [reference_line(comparison, result["table_metrics"][0]), ""]
     tested = sum(not math.isnan(claim["p_holm"]) for claim in result["claims"])
     if result["claims"]:
         lines += [f"Claims ({tested} of {len(result['claims'])} tested; Holm over those; a one-sided claim holds "
@@ -165,7 +162,7 @@ def coverage_summary(result: dict[str, Any]) -> str:
     lines = [
         f"`python benchmarks/interval_coverage.py`: {result['reps']} simulated comparisons per shape (seeds × folds), "
         f"fold correlation {correlations}, normal and heavy-tailed noise (seed {result['seed']}). Each cell: the "
-        "lowest coverage of the nominal 95 % interval / the highest share of false \"better\" verdicts (true "
+        'lowest coverage of the nominal 95 % interval / the highest share of false "better" verdicts (true '
         "difference 0; nominal 2.5 %) over those settings; – where a procedure gives no interval.",
         "",
         "| " + " | ".join(head) + " |",

@@ -149,6 +149,23 @@ def test_a_table_says_no_verdict_below_three_units_and_names_the_unmoved_referen
     assert paired["verdict"] == "better" and paired["units"] == 5 and paired["mdd"] > 0
 
 
+def test_every_table_states_how_far_its_reference_moved():
+    from workbench.comparison_report import reference_line, reference_moved
+
+    seeds = [100, 101, 102, 103, 104]
+    full = [c for c in _cells([0.05, 0.06, 0.05, 0.055, 0.045], seeds)["cells"] if c["method"] == "full"]
+    moved = reference_moved(full, "m")
+    mean = np.mean([c["metrics"]["m"] - c["before"]["m"] for c in full])  # one cell per seed
+    spec = {"reference": "full", "learner": ""}
+    line = reference_line({"spec": spec, "reference_moved": {"m": moved}}, "m")
+    assert line.startswith("Reference on m: full moved from the base model") and f"{mean:+.3f}" in line
+    still = {"spec": spec, "reference_moved": {"m": {**moved, "moved": False}}}
+    assert reference_line(still, "m").startswith("Nothing trained on m (full did not move")
+    untrained = {"spec": {"reference": "base", "learner": "warmpot"}, "reference_moved": {"m": None}}
+    expected = "Learner (warmpot) on m: takes no optimizer step here, so it has no after − before."
+    assert reference_line(untrained, "m") == expected
+
+
 def test_compare_plan_prints_the_minimum_detectable_difference_and_runs_nothing(tmp_path, capsys, monkeypatch):
     from workbench.cli import run as cli
 

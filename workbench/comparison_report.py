@@ -95,10 +95,28 @@ def moved_text(moved: Mapping[str, Any]) -> str:
     first, recorded = moved["kept_first"]
     steps = "–".join(str(s) for s in sorted(set(moved["steps"])))
     kept = f"kept epoch 1 in {first} of {recorded} cells" if recorded else "kept epochs not recorded"
-    return (
-        f"{moved['method']} did not move from the base model: after − before {moved['mean']:+.3f} "
-        f"[{low:+.3f}, {high:+.3f}] over {moved['units']} units; {steps} steps per cell, {kept}"
+    verb = {True: "moved from", False: "did not move from"}.get(
+        moved["moved"], "has too few units to tell if it moved from"
     )
+    interval = f" [{low:+.3f}, {high:+.3f}]" if not math.isnan(low) else ""
+    return (
+        f"{moved['method']} {verb} the base model: after − before {moved['mean']:+.3f}{interval} over "
+        f"{moved['units']} units; {steps} steps per cell, {kept}"
+    )
+
+
+def reference_line(comparison: Mapping[str, Any], metric: str) -> str:
+    """One sentence on whether the entry every verdict rests on (the learner, else the reference) trained on
+    ``metric``: its after − before (`moved_text`), that nothing gets a verdict when it did not move, or that it takes
+    no optimizer step."""
+    spec = comparison["spec"]
+    role, name = ("Learner", spec["learner"]) if spec.get("learner") else ("Reference", spec["reference"])
+    moved = comparison["reference_moved"].get(metric)
+    if moved is None:
+        return f"{role} ({name}) on {metric}: takes no optimizer step here, so it has no after − before."
+    if did_not_move(moved):
+        return f"Nothing trained on {metric} ({moved_text(moved)}): no entry gets a verdict."
+    return f"{role} on {metric}: {moved_text(moved)}."
 
 
 def _paired(cells: list[dict], reference: dict, metric: str) -> dict[str, Any]:
@@ -352,10 +370,7 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
         *_side_by_side_lines(spec, comparison["cells"]),
         f"- Paired differences to **{spec['reference']}**: {statistics_text(comparison)}",
     ]
-    moved = comparison["reference_moved"].get(comparison["metrics"][0])
-    if did_not_move(moved):
-        lines.append(f"- **Nothing trained** on {comparison['metrics'][0]} ({moved_text(moved)}): no entry gets a "
-                     "verdict.")  # fmt: skip
+    lines.append(f"- {reference_line(comparison, comparison['metrics'][0])}")
     if comparison["development_seeds"]:
         lines.append(f"- **Development seeds (below {DEVELOPMENT_SEEDS_BELOW}): for tuning, not for reporting.**")
     lines += ["", table(comparison, comparison["metrics"][:3]), "", comparison["metrics_note"], ""]
@@ -375,7 +390,8 @@ def _side_by_side_lines(spec: Mapping[str, Any], cells: Sequence[Mapping[str, An
         batched = [cell["seeds_side_by_side"] for cell in mine if cell["seeds_side_by_side"] > 1]
         notes = sorted({cell["side_by_side_note"] for cell in mine if cell.get("side_by_side_note")})
         text = f"{method}: {len(batched)}/{len(mine)} cells batched" + (
-            f" ({max(batched)} seeds at a time; metrics equal one seed at a time to rounding)" if batched else "")
+            f" ({max(batched)} seeds at a time; metrics equal one seed at a time to rounding)" if batched else ""
+        )
         parts.append(text + (f"; one at a time: {'; '.join(notes)}" if notes else ""))
     return [f"- Seeds side by side: {' — '.join(parts)}."]
 
