@@ -205,7 +205,7 @@ DOMAINS: dict[str, dict[str, Any]] = {
 #: Each domain's training count, chosen by its pilot (None: no pilot yet; the domain is not run).
 COUNTS: dict[str, int | None] = {"ptbxl": 32, "sleepedf": 40, "physio": None, "medvl": None}
 #: Seeds `workbench compare --plan` asks for on the domain's pilot (a minimum detectable difference of `TARGET_MDD`
-#: on the headline metric, for the largest paired sd of the pilot), and the MDD the 3 reported seeds reach there.
+#: on the headline metric, for the largest paired sd of the pilot), and the MDD the domain's reported seeds reach there.
 PLANNED_SEEDS: dict[str, tuple[int | None, float] | None] = {
     # pilot lift − lora on macro_auroc, seeds 0-2 at 32 records: sd of a seed's mean difference 0.00567
     "ptbxl": (3, 0.0185),
