@@ -77,6 +77,7 @@ BACKBONES = {
 EPOCHS = {"sleepedf": 20, "motor-imagery": 20}
 #: Learning rates each entry chooses from per cell on its validation loss (the task's 1e-3 in the middle).
 LR_GRID = (3e-4, 1e-3, 3e-3)
+GRID_TEXT = ", ".join(f"{rate:.0e}".replace("e-0", "e-") for rate in LR_GRID)  # "3e-4, 1e-3, 3e-3"
 TRAIN_WINDOWS = {"sleepedf": 160, "motor-imagery": 480}
 VAL_WINDOWS = 64
 #: LoRA target sets at a budget matched to the default ``lora`` (conv + qkv, rank 8: 7,023 trainable parameters on
@@ -168,7 +169,7 @@ def cut(task: str) -> str:
         f"development pilot sized them), {TRAIN_WINDOWS[task]} training windows drawn per cell from the 16 training "
         f"subjects' ~1,000, {VAL_WINDOWS} validation windows; generated cohorts, not the study's 10-fold CV of real "
         f"ones; LoRA target sets conv, qkv or fc alone are not run. Every entry: {EPOCHS[task]} epochs (the study's), "
-        "its learning rate chosen per cell on validation loss from 3e-4, 1e-3, 3e-3."
+        f"its learning rate chosen per cell on validation loss from {GRID_TEXT}."
     )
 
 

@@ -305,8 +305,8 @@ def note(domain: str, count: int) -> str:
         f" Seeds: `workbench compare --plan` on the development pilot (LIFT − LoRA's sd of a seed's mean difference) "
         f"asks for {planned[0] or 'more than 1000'} seeds for a minimum detectable difference (MDD) of {TARGET_MDD:g} "
         f"on {settings['metrics'][0]}; {len(REPORTED_SEEDS.get(domain, SEEDS))} seeds reach {planned[1]:.3f} there "
-        "(each entry's own MDD is in "
-        "the table; where it is above the target, a claim whose interval holds 0 gets no verdict)."
+        "(each entry's own MDD is in the table; where it is above the target, a claim whose interval holds 0 gets no "
+        "verdict)."
     )  # fmt: skip
     data = {
         "ptbxl": f"a generated cohort of {PTBXL_RECORDS} patients, one record each (the embedded site 1's recipe, "
