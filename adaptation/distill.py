@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from workbench.models.ecg import ECGStudent
 
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
 from workbench.options import Option
@@ -164,7 +165,7 @@ class Distill(Method):
         else:
             self.set_teacher(self._base)
             log.info("distill: teacher = the pretrained base model (not adapted; give --teacher RUN_DIR to change)")
-        self.teacher.to(next(model.parameters()).device)
+        self.teacher.to(device_of(model))
         settings = replace(inputs.settings, epochs=inputs.settings.epochs * self.config["epochs_factor"])
         return [Stage("train", data.train, data.val, settings, partial(self.loss, task), frozen=(self.teacher,))]
 

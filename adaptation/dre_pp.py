@@ -89,6 +89,7 @@ import numpy as np
 import torch
 from workbench.adaptation.importance_weighting import ImportanceWeighting
 
+from workbench.device import resolve
 from workbench.registry import methods
 
 _DTYPE = torch.float64
@@ -196,7 +197,8 @@ class PPDRE:
             0 takes any lower loss).
         unit_norm: keep every direction at unit norm (default True); False lets its norm set the bandwidth.
         random_state: seed of the split, the random initial direction and nothing else (default None).
-        device: torch device to fit and evaluate on (default "cpu"); computation is in float64.
+        device: torch device to fit and evaluate on (default "auto": `workbench.device.resolve`); computation is in
+            float64.
 
     Fitted attributes:
         mean_, scale_: denominator mean and standard deviation used to standardise inputs ``(d,)``.
@@ -222,7 +224,7 @@ class PPDRE:
         significance: float = 1.0,
         unit_norm: bool = True,
         random_state: int | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device = "auto",
     ):
         self.n_bases = n_bases
         self.max_layers = max_layers
@@ -257,7 +259,7 @@ class PPDRE:
         x_num = check_samples(x_numerator, "x_numerator", min_samples=2)
         x_den = check_samples(x_denominator, "x_denominator", x_num.shape[1], min_samples=2)
         rng = np.random.default_rng(self.random_state)
-        device = torch.device(self.device)
+        device = resolve(self.device) if isinstance(self.device, str) else self.device
 
         self.n_features_in_ = x_num.shape[1]
         scale = x_den.std(axis=0)

@@ -85,6 +85,7 @@ from workbench.adaptation.lora.variants import variants_for
 from workbench.adaptation.lora.variants.flat_lora import FlatLoRA, unit_noise
 from workbench.adaptation.lora.variants.lora_one import LoraOne
 
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
 from workbench.options import Option
@@ -726,7 +727,7 @@ class ELoRA(Method):
         weights only then; the model is in eval mode). Keeps ``seed`` for Flat-LoRA's noise."""
         self._seed = seed
         if self.config["init"] == "lora-one":
-            device = next(model.parameters()).device
+            device = device_of(model)
             chunks = [data.train[i : i + GRADIENT_CHUNK] for i in range(0, len(data.train), GRADIENT_CHUNK)]
             batches = ((task.collate(chunk, device), len(chunk)) for chunk in chunks)
             init_lora_one(model, lambda m, batch: task.loss(m, batch, True), batches, self.config["gamma"])

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 from workbench.models.graph import BRANCHES, GraphNet
 
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
 from workbench.options import Option
@@ -234,6 +235,6 @@ class HomophilyAlignment(EncoderMethod):
     def diagnostics(self, task: "Task", model: nn.Module, data: "TaskData") -> dict[str, float]:
         model.eval()
         with torch.no_grad():
-            device = next(model.parameters()).device
+            device = device_of(model)
             terms = self.terms(model, task.collate(data.train, device))
         return {**mixing_weights(model), **{f"final_{name}_loss": float(value) for name, value in terms.items()}}

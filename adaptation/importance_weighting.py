@@ -24,6 +24,7 @@ from torch import nn
 from workbench.adaptation.source_weighting import WeightedSourceLoss
 from workbench.adaptation.task_needs import InputVectors, PerSampleLosses, SampleIds
 
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.options import Option
 
@@ -53,7 +54,7 @@ class ImportanceWeighting(WeightedSourceLoss):
             raise UserError(f"--clip must be above 1 (the mean weight), got {self.config['clip']}")
         super().setup(task, model, data, seed)
         x_train, x_val = task.sample_inputs(data.train), task.sample_inputs(data.val)
-        estimator = self.make_estimator(seed, next(model.parameters()).device)
+        estimator = self.make_estimator(seed, device_of(model))
         estimator.fit(task.sample_inputs(data.target), x_train)
         train_ratio, val_ratio = estimator.ratio(x_train), estimator.ratio(x_val)
         clip = self.config["clip"]

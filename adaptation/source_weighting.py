@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from workbench.adaptation.task_needs import PerSampleLosses, SampleIds
 
+from workbench.device import device_of
 from workbench.method import Method
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class WeightedSourceLoss(Method):
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         self.task, self.model, self.data, self.seed = task, model, data, seed
-        self.device = next(model.parameters()).device
+        self.device = device_of(model)
         ids = np.concatenate([task.sample_ids(data.train), task.sample_ids(data.val)])
         self.weight_by_id = torch.ones(int(ids.max()) + 1, device=self.device)
         self.train_ids = torch.as_tensor(task.sample_ids(data.train), device=self.device)

@@ -73,6 +73,7 @@ from torch import nn
 from workbench.adaptation.source_weighting import effective_sample_share, outlier_weight_share
 from workbench.adaptation.task_needs import ClassLabels, Embeddings, PerSampleLosses
 
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
 from workbench.options import Option
@@ -553,7 +554,7 @@ class Warmpot(Method):
 
     def setup(self, task: "Task", model: nn.Module, data: "TaskData", seed: int) -> None:
         self.target, self.seed = data.target, seed
-        self.device = next(model.parameters()).device
+        self.device = device_of(model)
 
     def start_epoch(self, epoch: int, epochs: int) -> None:
         ramp = 1.0 if self.config["anneal"] == 0 else min(1.0, epoch / (self.config["anneal"] * epochs))

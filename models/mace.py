@@ -28,6 +28,7 @@ from torch import nn
 from workbench.models.potentials import atomic_numbers_of, set_atomic_energies  # noqa: F401  (this module's API too)
 
 from workbench.checkpoint import load_model, save_tensors, write_json
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.model import ModelFamily, ModelSpec
 from workbench.registry import models
@@ -231,8 +232,9 @@ def to_cueq(model: nn.Module) -> nn.Module:
     return declare(converted.to(parameter.dtype).eval())
 
 
-def calculator(model: nn.Module, device: str = "cpu"):
-    """An ASE calculator (mace-torch's ``MACECalculator``) that drives MD with ``model``.
+def calculator(model: nn.Module, device: str | torch.device | None = None):
+    """An ASE calculator (mace-torch's ``MACECalculator``) that drives MD with ``model`` on ``device`` (default:
+    where the model is).
 
     ``model`` must be plain (adapters merged): use `workbench.Run.calculator` for a run's model.
     """
@@ -240,7 +242,8 @@ def calculator(model: nn.Module, device: str = "cpu"):
 
     os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # set again by mace.calculators (see workbench/__init__)
     dtype = "float64" if next(model.parameters()).dtype == torch.float64 else "float32"
-    return MACECalculator(models=model, device=device, default_dtype=dtype)
+    where = device_of(model) if device is None else torch.device(device)
+    return MACECalculator(models=model, device=str(where), default_dtype=dtype)
 
 
 @models.register

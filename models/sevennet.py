@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.model import ModelFamily, ModelSpec
 from workbench.registry import models
@@ -245,10 +246,13 @@ def load_sevennet(name: str, dtype: torch.dtype = torch.float32) -> SevenNetPote
     return model.to(dtype).eval()
 
 
-def calculator(model: nn.Module, device: str = "cpu"):
-    """An ASE calculator (energy [eV], forces [eV/Å]) that drives MD with a plain (merged) `SevenNetPotential`."""
+def calculator(model: nn.Module, device: str | torch.device | None = None):
+    """An ASE calculator (energy [eV], forces [eV/Å]) that drives MD with a plain (merged) `SevenNetPotential` on
+    ``device`` (default: where the model is)."""
     from ase.calculators.calculator import Calculator, all_changes
     from ase.neighborlist import neighbor_list
+
+    device = device_of(model) if device is None else torch.device(device)
 
     class WorkbenchSevenNet(Calculator):
         implemented_properties = ["energy", "free_energy", "forces"]

@@ -1,11 +1,17 @@
 """Every task × every method, driven by the registries: a method that says it applies to a task (its ``check``
 passes on the task's data and model) runs one tiny epoch end to end and writes a valid run directory; one that
 does not is refused with a clear message before the run directory appears. The table below is what each task
-claims today — a change of claims must show up here."""
+claims today — a change of claims must show up here.
+
+Every pair's ``adapt``, ``evaluate`` and (where the task has batch prediction) ``predict`` run under the placement
+harness (`workbench.placement_harness`): the run device is told apart from the CPU, so a tensor a hook leaves on the
+host fails here as it would on a GPU."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +19,18 @@ from conftest import write_rmd17_layout
 
 import workbench
 from workbench.errors import UserError
+from workbench.placement_harness import placement_harness
 from workbench.registry import methods, tasks
+
+DOMAINS = Path(__file__).resolve().parents[1] / "domains"
+#: Inputs of ``workbench predict`` for the tasks with batch prediction: files from the embedded data.
+PREDICT_INPUTS = {
+    "ptbxl": [DOMAINS / "ecg/embedded/ptbxl_synthetic/records100/00000" / f"00001_lr{suffix}" for suffix in (".hea", ".dat")],
+    "sleepedf": [DOMAINS / "eeg/embedded/sleep-edf/sleep-cassette" / name
+                 for name in ("SC4001E0-PSG.edf", "SC4001EC-Hypnogram.edf")],
+    "motor-imagery": [DOMAINS / "eeg/embedded/eegmmidb/S001/S001R04.edf"],
+    "physio": [DOMAINS / "physio/embedded/site-D" / f"D01{suffix}" for suffix in (".hea", ".dat", ".atr")],
+}  # fmt: skip
 
 #: task -> the methods that apply to its default model and data.
 APPLIES = {
@@ -145,7 +162,8 @@ def pairs() -> list:
 @pytest.mark.parametrize("task, method", pairs())
 def test_an_applicable_pair_runs_one_tiny_epoch(task, method, data_paths, tmp_path):
     out = tmp_path / "run"
-    run = workbench.adapt(task, method, out=str(out), **settings(task, method, data_paths))
+    with placement_harness():
+        run = workbench.adapt(task, method, out=str(out), **settings(task, method, data_paths))
     metrics = json.loads((out / "metrics.json").read_text())
     generates = method.startswith("physiopfm") and method != "physiopfm-local"  # no training stage: weights generated
     assert metrics["task"] == task and metrics["method"] == method
@@ -155,3 +173,14 @@ def test_an_applicable_pair_runs_one_tiny_epoch(task, method, data_paths, tmp_pa
         assert (out / name).is_file(), name
     assert not (out / "checkpoints").exists()
     assert isinstance(run.model, torch.nn.Module)  # rebuilt from the run directory's files (`Run.load`)
+    with placement_harness():
+        rescored = workbench.evaluate(out)
+    assert rescored and set(rescored) <= set(metrics["after"])  # the method's diagnostics are not rescored
+    if task in PREDICT_INPUTS:
+        inputs = tmp_path / "inputs"
+        inputs.mkdir()
+        for path in PREDICT_INPUTS[task]:
+            shutil.copy(path, inputs / path.name)
+        with placement_harness():
+            record = workbench.predict(out, inputs, tmp_path / "predicted.csv")
+        assert record["records"] >= 1 and record["failed"] < record["records"]

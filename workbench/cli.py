@@ -355,6 +355,7 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     predict.add_argument("--overwrite", action="store_true", help="replace an earlier CSV and record at --output")
     _add_trust_modified(predict)
     _add_threads(predict)
+    _add_device(predict)
 
     verify = commands.add_parser("verify", help="check a run's or a comparison's files against their seals")
     verify.add_argument("folder", metavar="DIR", help="a run (workbench adapt --out) or comparison folder")
@@ -366,7 +367,7 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     pretrain.add_argument("--epochs", type=int, default=100, metavar="INT", help="training epochs (default: 100)")
     pretrain.add_argument("--seed", type=int, default=0, metavar="SEED", help="seeds initialisation and shuffling "
                           "(default: 0)")  # fmt: skip
-    pretrain.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    _add_device(pretrain)
     pretrain.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
     pretrain.add_argument("--stage", metavar="STAGE",
                           help="what to make, for tasks that pretrain in stages (default: the model)")  # fmt: skip
@@ -634,6 +635,7 @@ def _add_service_commands(commands: Any) -> None:
                        help=f"time to answer one request [s], else 504 (default: {default.timeout_s:g})")  # fmt: skip
     _add_trust_modified(serve)
     _add_threads(serve)
+    _add_device(serve)
 
     audit = commands.add_parser("audit", help="check a served model's audit log")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
@@ -665,7 +667,7 @@ def _serve(args: argparse.Namespace) -> int:
     limits = Limits(max_request_bytes=int(args.max_request_mb * 2**20), max_record_seconds=args.max_record_s,
                     max_pixels=args.max_pixels, timeout_s=args.timeout_s)  # fmt: skip
     serve(args.run, host=args.host, port=args.port, intake=args.intake, token_file=args.token_file,
-          audit_log=args.audit_log, limits=limits, trust_modified=args.trust_modified)  # fmt: skip
+          audit_log=args.audit_log, limits=limits, trust_modified=args.trust_modified, device=args.device)  # fmt: skip
     return 0
 
 
@@ -783,6 +785,14 @@ def _width() -> int:
 def _add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, metavar="INT",
                         help="CPU threads (default: chosen at start, see workbench.threads)")  # fmt: skip
+
+
+def _add_device(parser: argparse.ArgumentParser) -> None:
+    """``--device`` of the commands outside the run settings (`workbench.settings.SETTINGS` declares adapt's)."""
+    from workbench.device import DEVICES
+
+    parser.add_argument("--device", default="auto", choices=DEVICES, help="where to compute (default: auto: cuda "
+                        "where torch sees a CUDA device, else cpu)")  # fmt: skip
 
 
 def _add_trust_modified(parser: argparse.ArgumentParser) -> None:
@@ -966,7 +976,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         from workbench.run import predict
 
         record = predict(
-            args.run, args.input, args.output, overwrite=args.overwrite, trust_modified=args.trust_modified
+            args.run, args.input, args.output, overwrite=args.overwrite, trust_modified=args.trust_modified,
+            device=args.device,
         )
         if "problems" in record["run_seal"]:
             print(_seal_line(args.run, record["run_seal"]))

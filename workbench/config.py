@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from workbench import settings
+from workbench.device import resolve_name
 from workbench.errors import UserError
 from workbench.options import renamed, resolve_options
 from workbench.registry import methods, models, tasks
@@ -150,7 +151,7 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
     values["method_options"] = resolve_options(f"method '{method}'", method_cls.options, method_options)
     method_cls(**values["method_options"])  # a method checks its options when built: fail before anything is written
     out = request.out or f"runs/{domain}-{method}-{(now or datetime.now()).strftime('%Y%m%d-%H%M%S')}"
-    values.update(out=str(out), device=_device(request.device), split=_split(request.split, task_cls))
+    values.update(out=str(out), device=resolve_name(request.device), split=_split(request.split, task_cls))
     return RunConfig(**{setting.stored_name: values[setting.name] for setting in SETTINGS}), warnings
 
 
@@ -208,14 +209,3 @@ def _split(split: Mapping[str, Sequence[str]] | None, task_cls: Any) -> dict[str
     if unknown or "test" not in split:
         raise UserError(f"a split names 'test' (and optionally 'val') groups, got {sorted(split)}")
     return {name: [str(group) for group in groups] for name, groups in split.items()}
-
-
-def _device(device: str) -> str:
-    """``--device``: "auto" is cuda where torch sees a CUDA device, else cpu."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is visible to torch (use --device cpu or auto)")
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
-    return device

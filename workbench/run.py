@@ -39,6 +39,7 @@ import torch.distributed as dist
 import yaml
 from torch import nn
 
+from workbench import device as placement
 from workbench import item_bootstrap, lockstep, randomness, report, reuse
 from workbench.checkpoint import load_tensors, save_tensors, write_json, write_text
 from workbench.config import MethodEntry, RunConfig, RunRequest, resolve_config, upgraded
@@ -88,21 +89,24 @@ class Run:
         return RunConfig.from_dict(yaml.safe_load((Path(path) / "config.yaml").read_text()))
 
     @classmethod
-    def load(cls, path: str | Path) -> "Run":
-        """Read a finished run and rebuild its adapted model (base model + task state + adapter, merged)."""
+    def load(cls, path: str | Path, device: str | torch.device = "auto") -> "Run":
+        """Read a finished run and rebuild its adapted model (base model + task state + adapter, merged) on
+        ``device`` (`workbench.device.resolve`)."""
         config = cls.read_config(path)
         metrics = json.loads((Path(path) / "metrics.json").read_text())
-        return cls(Path(path), config, metrics, _adapted_model(Path(path), config))
+        return cls(Path(path), config, metrics, _adapted_model(Path(path), config, placement.resolve(device)))
 
 
-def _adapted_model(path: Path, config: RunConfig) -> nn.Module:
-    """The chosen method's model from a run directory's adapter files: base + task state + adapter, merged."""
+def _adapted_model(path: Path, config: RunConfig, device: torch.device) -> nn.Module:
+    """The chosen method's model from a run directory's adapter files: base + task state + adapter, merged, on
+    ``device`` (the base model is placed before the method's hooks see it)."""
     adapter = json.loads((path / "adapter.json").read_text())
     task = tasks.get(config.task)(**config.task_options)
     model = cast(task.rebuild(config.model, config.trust_checkpoint, adapter["task_state"]), config.precision)
+    model = placement.place(model, device)
     method = methods.get(adapter["method"])(**adapter["options"])
     randomness.seed_all(config.seed)
-    model = method.prepare(model)
+    model = placement.place(method.prepare(model), device)
     method.load_trainable_state(model, load_tensors(path / "adapter.safetensors"), source=path / "adapter.safetensors")
     model = method.merge(model).eval()
     task.restore(model, adapter["task_state"])  # the merged model may be a new one (a distilled student)
@@ -161,9 +165,10 @@ def run_request(
     # chosen by the run: a default batch size may shrink to the data (`_fitted_batch_size`), threads to the machine
     fitted = tuple(name for name in ("batch_size", "threads") if getattr(request, name) is None)
     _check_out_dir(out_dir, config, resume, fitted)
+    device = placement.resolve(config.device)
     if resume and (out_dir / "metrics.json").is_file():
         log.info("%s is complete; nothing to resume", out_dir)
-        return Run.load(out_dir)
+        return Run.load(out_dir, device)
     earlier_threads = Run.read_config_file(out_dir).threads if resume and request.threads is None else None
     threads = threads or ThreadPolicy(request.threads or earlier_threads or None)  # 0: older runs, not pinned
     config = dataclasses.replace(config, threads=threads.pinned)
@@ -173,24 +178,22 @@ def run_request(
 
     task: Task = tasks.get(config.task)(**config.task_options)
     task.progress = not quiet
-    device = torch.device(config.device)
     randomness.seed_all(config.seed)
-    shared_key = _shared_key(config, data_print)
+    shared_key = _shared_key(config, data_print, device)
     raw, base, data, task_state = reuse.shared(
-        "prepared", shared_key, functools.partial(_prepared, task, config, shared_key), task)
+        "prepared", shared_key, functools.partial(_prepared, task, config, shared_key, device), task)
     if task.skipped:
         log.warning("%s", task.skipped.summary())
     config = _fitted_batch_size(config, len(data.train), request.batch_size is not None)
     bases = {None: (base, task_state)}  # the run's model, then every other model a baseline names (METHOD@MODEL)
     for entry in config.baselines:
         if entry.model is not None and entry.model not in bases:
-            other = cast(task.load_model(entry.model, config.trust_checkpoint), config.precision)
+            other = placement.place(cast(task.load_model(entry.model, config.trust_checkpoint), config.precision),
+                                    device)  # fmt: skip
             bases[entry.model] = (other, task.prepare(other, raw, config.train_size, config.val_size, config.seed)[1])
     for index, entry in enumerate(config.entries()):
         options = config.method_options if index == 0 else {}
         methods.get(entry.method)(**options).check(task, data, bases[entry.model][0])
-    for model, _ in bases.values():
-        model.to(device)
     # Everything the user gave has been read and checked: only now does the run directory appear, held by this
     # process (rank 0) until the run ends.
     steps = functools.partial(_adapt_steps, config, task, data, bases, out_dir, device, resume, quiet, rank, threads,
@@ -206,10 +209,10 @@ def run_request(
         return finished
 
 
-def _shared_key(config: RunConfig, data_print: dict[str, Any]) -> dict[str, Any] | None:
+def _shared_key(config: RunConfig, data_print: dict[str, Any], device: torch.device) -> dict[str, Any] | None:
     """What the run's data, model, prepared splits and base scores depend on (`workbench.reuse.shared`'s key): the
     task and its options, the data's fingerprint, the model (a checkpoint file: its sha256, hashed once per process
-    while the file is unchanged, `workbench.fingerprint.file_digests`), sizes, seed and split;
+    while the file is unchanged, `workbench.fingerprint.file_digests`), its device, sizes, seed and split;
     None where the data have no fingerprint (they are then never shared)."""
     if not data_print:
         return None
@@ -217,24 +220,27 @@ def _shared_key(config: RunConfig, data_print: dict[str, Any]) -> dict[str, Any]
     return {
         "task": config.task, "task_options": config.task_options, "data": data_print["data_fingerprint"],
         "model": config.model, "model_file": file_digests(model) if model is not None and model.is_file() else None,
-        "trust_checkpoint": config.trust_checkpoint, "precision": config.precision, "train_size": config.train_size,
+        "trust_checkpoint": config.trust_checkpoint, "precision": config.precision, "device": str(device),
+        "train_size": config.train_size,
         "val_size": config.val_size, "seed": config.seed, "split": config.split,
     }  # fmt: skip
 
 
-def _prepared(task: Task, config: RunConfig, shared_key: dict[str, Any] | None) -> tuple[Any, nn.Module, TaskData, Any]:
+def _prepared(
+    task: Task, config: RunConfig, shared_key: dict[str, Any] | None, device: torch.device
+) -> tuple[Any, nn.Module, TaskData, Any]:
     """(raw data, base model, prepared data, task state): the task's data read and its model loaded in the run's
-    precision (each shared by every split of a seed, `workbench.reuse`), the data re-split by `RunConfig.split` when
-    one is given and prepared for the model."""
+    precision and placed on ``device`` (each shared by every split of a seed, `workbench.reuse`), the data re-split
+    by `RunConfig.split` when one is given and prepared for the model."""
     read_key = None if shared_key is None else {k: shared_key[k] for k in ("task", "task_options", "data", "seed")}
     raw = reuse.shared("read", read_key, lambda: task.read(config.data, config.seed), task)
     if config.split is not None:
         raw = task.hold_out(raw, config.split)
-    model_keys = ("model", "model_file", "trust_checkpoint", "precision")
+    model_keys = ("model", "model_file", "trust_checkpoint", "precision", "device")
     model_key = None if read_key is None else {**read_key, **{k: shared_key[k] for k in model_keys}}
 
     def load() -> nn.Module:
-        return cast(task.load_model(config.model, config.trust_checkpoint), config.precision)
+        return placement.place(cast(task.load_model(config.model, config.trust_checkpoint), config.precision), device)
 
     base = reuse.shared("model", model_key, load, task)  # every fold of a seed: the same weights
     data, task_state = task.prepare(base, raw, config.train_size, config.val_size, config.seed)
@@ -315,7 +321,7 @@ def _adapt_steps(
         results[str(entry)], evaluations[str(entry)] = _run_method(run, entry, *bases[entry.model], chosen=index == 0)
     metrics = {**_metrics(config, data, before, results, task.skipped), **_item_intervals(task, config, evaluations)}
     if rank == 0:
-        clinical = _fit_clinical(task, config, data, out_dir) if reports else None
+        clinical = _fit_clinical(task, config, data, out_dir, device) if reports else None
         if reports:
             figures = task.figures(evaluations, out_dir) + [report.learning_curves(results, out_dir)]
             write_text(
@@ -328,11 +334,12 @@ def _adapt_steps(
         if not quiet:
             print(report.table(metrics, task.metrics, task.default_method, task.lower_is_better))
             print(f"run written to {out_dir}")
-        return Run.load(out_dir)  # rebuilt from what was written: the run directory is the result
+        return Run.load(out_dir, device)  # rebuilt from what was written: the run directory is the result
     return Run(out_dir, config, metrics)
 
 
-def _fit_clinical(task: Task, config: RunConfig, data: TaskData, out_dir: Path) -> dict[str, Any] | None:
+def _fit_clinical(task: Task, config: RunConfig, data: TaskData, out_dir: Path, device: torch.device
+                  ) -> dict[str, Any] | None:
     """Temperatures, conformal calibration and the shift alarm's reference of the chosen method's merged model, for
     a task with batch prediction (`workbench.clinical.fit`): what ``clinical.json`` holds, None without."""
     if "predict" not in task.capabilities:
@@ -341,7 +348,7 @@ def _fit_clinical(task: Task, config: RunConfig, data: TaskData, out_dir: Path) 
 
     state = randomness.capture()  # rank 0 alone: no barrier (`_chosen_model`), and the run's draws go on unchanged
     try:
-        return fit_run(task, _adapted_model(out_dir, config), data, out_dir, config.seed)
+        return fit_run(task, _adapted_model(out_dir, config, device), data, out_dir, config.seed)
     finally:
         randomness.restore(state)
 
@@ -364,18 +371,16 @@ def evaluate_run(
     The data are read with the run's preprocessing (`workbench.task.Task.use_run_state`, as `predict` does)."""
     config = Run.read_config(run)
     sealed = check_run(run, trust_modified)  # before anything the run wrote is used
-    finished = Run.load(run)
+    device = placement.resolve(device)
+    finished = Run.load(run, device)
     task = tasks.get(config.task)(**config.task_options)
     task.use_run_state(json.loads((finished.path / "adapter.json").read_text())["task_state"])
-    device = torch.device(
-        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
-    )
     source = data if data is not None else config.data
     raw = task.read(source, config.seed)
     if data is None and config.split is not None:
         raw = task.hold_out(raw, config.split)
     samples = task.test_samples(finished.model, raw)
-    evaluation = task.evaluate(finished.model.to(device), samples, device)
+    evaluation = task.evaluate(finished.model, samples, device)
     with claim_run_dir(finished.path, resume=True):
         write_json(
             finished.path / "evaluations" / f"{Path(source).stem if source else 'default-data'}.json",
@@ -386,9 +391,11 @@ def evaluate_run(
 
 
 def predict(
-    run: str | Path, input: str | Path, output: str | Path, *, overwrite: bool = False, trust_modified: bool = False
+    run: str | Path, input: str | Path, output: str | Path, *, overwrite: bool = False, trust_modified: bool = False,
+    device: str | torch.device = "auto",
 ) -> dict[str, Any]:
-    """Score every input of the folder ``input`` with a finished run's merged model (``workbench predict``).
+    """Score every input of the folder ``input`` with a finished run's merged model on ``device``
+    (``workbench predict``).
 
     Writes ``output`` (CSV, one row per input: the task's columns and a ``status`` saying why a bad input has no
     scores; for a run with a ``clinical.json``, `workbench.clinical.predictor`'s ``calibrated_p_<class>`` and
@@ -428,7 +435,7 @@ def predict(
     sealed = check_run(run, trust_modified)  # before anything the run wrote is used
     with claim_file(output):  # the output is this process's from its check to its last rename
         check_output(output, overwrite, _output_estimate(folder))
-        finished = Run.load(run)
+        finished = Run.load(run, device)
         adapter = json.loads((finished.path / "adapter.json").read_text())
         task.use_run_state(adapter["task_state"])
         predictor = ClinicalPredictor(finished.path, config, task, finished.model, adapter, sealed, shift_window=0)
@@ -645,12 +652,12 @@ def _run_method(
         return saved
     method: Method = methods.get(entry.method)(**(config.method_options if chosen else {}))
     randomness.seed_all(config.seed)
-    model = method.prepare(copy.deepcopy(base)).to(device)
+    model = placement.place(method.prepare(copy.deepcopy(base)), device)
     trainable, total = count_parameters(model)
     inputs = PlanInputs(
         config.train_settings(config.learning_rate or method.learning_rate),
         outputs=run.out_dir / method.name if chosen and run.rank == 0 else None,
-        adapted_model=None if chosen else functools.partial(_chosen_model, run.out_dir, config),
+        adapted_model=None if chosen else functools.partial(_chosen_model, run.out_dir, config, device),
     )
     method.progress = run.progress
     with PeakMemory(device) as memory:  # the memory of this method's set-up and training alone
@@ -790,14 +797,14 @@ def _best_epoch(history: list[dict[str, Any]]) -> int:
     return min(selectable, key=lambda h: h.get("objective", h["val_loss"]))["epoch"]
 
 
-def _chosen_model(out_dir: Path, config: RunConfig) -> nn.Module:
+def _chosen_model(out_dir: Path, config: RunConfig, device: torch.device) -> nn.Module:
     """The chosen method's adapted model, from the adapter it wrote (rank 0 writes; the others wait for it). The
     global random generators are left as they were: building it does not change what the caller draws next."""
     if dist.is_initialized():
         dist.barrier()
     state = randomness.capture()
     try:
-        return _adapted_model(out_dir, config)
+        return _adapted_model(out_dir, config, device)
     finally:
         randomness.restore(state)
 

@@ -57,6 +57,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.optim.adam import adam as adam_step
 
+from workbench.device import device_of
 from workbench.trainer import SCHEDULES, TrainSettings, distributed
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class SeedBatchTrainer:
             others, and as many validation samples.
         settings: K `TrainSettings` that differ only in ``seed``; precision "float32" or "float64" (the models'
             own dtype), ``select_on="loss"``.
-        device: where batches go.
+        device: where batches go (default: where the models are, `workbench.device.device_of`).
         label: names the replicas in messages and the log (``label[k]``).
         threads: ``threads() -> count`` before each epoch, as for `Trainer` (its count is in the history).
 
@@ -163,7 +164,7 @@ class SeedBatchTrainer:
         train_samples: Sequence[Sequence[Any]],
         val_samples: Sequence[Sequence[Any]],
         settings: Sequence[TrainSettings],
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,
         label: str = "seeds",
         threads: Callable[[], int] | None = None,
     ):
@@ -172,7 +173,7 @@ class SeedBatchTrainer:
         self.train_samples = [list(samples) for samples in train_samples]
         self.val_samples = [list(samples) for samples in val_samples]
         self.settings = list(settings)
-        self.device = torch.device(device)
+        self.device = device_of(self.models[0]) if device is None else torch.device(device)
         self.label = label
         self.threads = threads or torch.get_num_threads
         self._check()

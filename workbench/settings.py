@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from workbench.device import DEVICES
 from workbench.options import RenamedFrom
 from workbench.trainer import SCHEDULES
 
@@ -21,8 +22,6 @@ from workbench.trainer import SCHEDULES
 COMMANDS = ("adapt", "compare", "evaluate")
 #: ``--precision`` values: "auto" is the task's first (`workbench.task.Task.precisions`).
 PRECISIONS = ("auto", "float64", "float32", "bf16", "fp16")
-#: ``--device`` values: "auto" is cuda where torch sees a CUDA device, else cpu.
-DEVICES = ("auto", "cpu", "cuda")
 
 #: ``check(values, task_cls) -> what is wrong, or None``: ``values`` holds every setting of the run as resolved
 #: (`workbench.config.resolve_config`), by `Setting.name`.
@@ -161,7 +160,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("learning_rate", float, None, "learning rate (default: the task's, else each method's own)",
             ("adapt", "compare"), flag_name="--lr", check=_learning_rate),
     Setting("seed", int, 0, "seeds data selection, initialisation and shuffling", ("adapt",), "SEED", trains=True),
-    Setting("device", str, "auto", "where to compute", ("adapt", "evaluate"), choices=DEVICES),
+    Setting("device", str, "auto", "where to compute (auto: cuda where torch sees a CUDA device, else cpu)",
+            ("adapt", "compare", "evaluate"), choices=DEVICES),
     Setting("task_options", dict, None, "the task's options (the task's flags)", factory=dict),
     Setting("method_options", dict, None, "the method's options (the method's flags)", factory=dict),
     Setting("precision", str, "auto", "float64 / float32: weights and samples in that type; bf16 / fp16: float32 "

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from workbench import randomness
 from workbench.checkpoint import load_checkpoint, save_checkpoint
+from workbench.device import device_of
 from workbench.ema import ExponentialMovingAverage
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class Trainer:
         train_samples, val_samples: sequences of samples (any objects ``collate`` accepts).
         settings: `TrainSettings`.
         checkpoint_path: written atomically after every epoch (rank 0); read back by ``fit(resume=True)``.
-        device: where batches go.
+        device: where batches go (default: where the model is, `workbench.device.device_of`).
         progress: show a progress bar (rank 0 only).
         label: names the run in the progress bar and the log.
         epoch_start: ``epoch_start(epoch, epochs)`` called before each training epoch (schedules).
@@ -129,7 +130,7 @@ class Trainer:
         val_samples: Sequence[Any],
         settings: TrainSettings,
         checkpoint_path: str | Path | None = None,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,
         progress: bool = True,
         label: str = "train",
         epoch_start: Callable[[int, int], None] | None = None,
@@ -147,7 +148,7 @@ class Trainer:
         self.val_samples = val_samples
         self.settings = settings
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
-        self.device = torch.device(device)
+        self.device = device_of(model) if device is None else torch.device(device)
         self.label = label
         self.epoch_start = epoch_start
         self.gradients = gradients

@@ -31,6 +31,7 @@ from workbench.adaptation.lora.model import (
     target_names,
 )
 
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.method import Method, PlanInputs, Stage
 from workbench.model import require
@@ -141,7 +142,7 @@ def checked_config(method: str, config: Mapping[str, Any], **arguments: Any) -> 
 def init_from_task_gradient(task, model: nn.Module, data, gamma: float) -> None:
     """LoRA-One's factors (`init_lora_one`) from the full-batch gradient of the task's loss (its eval form) over the
     training samples, `GRADIENT_CHUNK` samples per forward pass."""
-    device = next(model.parameters()).device
+    device = device_of(model)
     chunks = [data.train[i : i + GRADIENT_CHUNK] for i in range(0, len(data.train), GRADIENT_CHUNK)]
     batches = ((task.collate(chunk, device), len(chunk)) for chunk in chunks)
     init_lora_one(model, lambda m, batch: task.loss(m, batch, False), batches, gamma=gamma)

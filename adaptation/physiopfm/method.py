@@ -52,6 +52,7 @@ from workbench.adaptation.task_needs import ClassLabels, InputVectors
 
 from workbench import reuse
 from workbench.checkpoint import save_tensors, write_json
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.memory import PeakMemory
 from workbench.method import Method, PlanInputs, Stage
@@ -164,7 +165,7 @@ class _BankMethod(Method):
         self.held, self.fit_index = self.bank_split(len(self.bank.entries), seed)
         self.n_classes = next(m for m in model.modules() if isinstance(m, EtfHead)).n_classes
         self.diagnostics_ = {"bank_entries": float(len(self.fit_index))}
-        device = next(model.parameters()).device
+        device = device_of(model)
         with PeakMemory(device) as memory:
             self.fit(seed)
         self.diagnostics_["generator_fit_memory_bytes"] = float(memory.added_bytes or memory.peak_bytes)

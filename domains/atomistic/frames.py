@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from workbench.device import device_of
 from workbench.errors import UserError
 
 try:  # mace-torch is the atomistic extra's; SevenNet's environment has PyTorch Geometric instead
@@ -122,15 +123,15 @@ def plain_graphs(
     return graphs
 
 
-def collate(graphs: Sequence[Any], device: torch.device | str = "cpu") -> Batch:
+def collate(graphs: Sequence[Any], device: torch.device | str) -> Batch:
     """One batch of graphs on ``device``."""
     return Batch.from_data_list(list(graphs)).to(device)
 
 
-def predict(
-    model: nn.Module, graphs: Sequence[Any], batch_size: int = 32, device: torch.device | str = "cpu"
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Energies ``(n_frames,)`` [eV] and forces (a list of ``(n_atoms, 3)`` [eV/Å]) predicted by ``model``."""
+def predict(model: nn.Module, graphs: Sequence[Any], batch_size: int = 32) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Energies ``(n_frames,)`` [eV] and forces (a list of ``(n_atoms, 3)`` [eV/Å]) predicted by ``model``, on the
+    device it is on."""
+    device = device_of(model)
     model.eval()
     energies, forces = [], []
     for start in range(0, len(graphs), batch_size):

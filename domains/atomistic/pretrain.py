@@ -22,6 +22,7 @@ from workbench.domains.atomistic.frames import Frame, collate, predict, to_graph
 from workbench.domains.atomistic.readers import frame_from_atoms
 from workbench.models.mace import FOUNDATION_ARCHITECTURE, build_mace, save_mace
 
+from workbench.device import place, resolve
 from workbench.errors import UserError
 from workbench.trainer import Trainer, TrainSettings
 
@@ -58,7 +59,7 @@ def pretrain(
     out = Path(out)
     if out.suffix != ".safetensors":
         raise UserError(f"{out}: the checkpoint must end in .safetensors (its hyper-parameters go to {out.stem}.json)")
-    device = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    device = resolve(device)
     frames, e0s = read_corpus(corpus)
     zs = FOUNDATION_ARCHITECTURE["atomic_numbers"]
     missing = [z for z in zs if z not in e0s]
@@ -71,7 +72,7 @@ def pretrain(
 
     hparams = _hyper_parameters(train, e0s, zs)
     torch.manual_seed(seed)
-    model = build_mace(hparams).to(device)
+    model = place(build_mace(hparams), device)
     loss_fn = WeightedEnergyForcesLoss(energy_weight=1.0, forces_weight=100.0)
 
     def loss(m, batch, training):
@@ -80,9 +81,9 @@ def pretrain(
     settings = TrainSettings(
         epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, seed=seed, patience=max(10, epochs // 5)
     )
-    trainer = Trainer(model, loss, collate, train, val, settings, device=device, progress=not quiet, label="pretrain")
+    trainer = Trainer(model, loss, collate, train, val, settings, progress=not quiet, label="pretrain")
     history = trainer.fit()
-    errors = _validation_errors(model, val, len(train), device)
+    errors = _validation_errors(model, val, len(train))
     provenance = {
         "corpus": corpus.name,
         "epochs_run": len(history),
@@ -113,7 +114,7 @@ def pretrain(
 def _hyper_parameters(train: list, e0s: dict[int, float], zs) -> dict[str, Any]:
     """`FOUNDATION_ARCHITECTURE` plus what the training graphs give: E0s [eV] in ``zs`` order, the mean number of
     neighbours, and the interaction energy shift [eV/atom] and scale (RMS force [eV/Å]), MACE's statistics."""
-    batches = [collate(train[i : i + 50]) for i in range(0, len(train), 50)]
+    batches = [collate(train[i : i + 50], "cpu") for i in range(0, len(train), 50)]  # statistics: on the host
     atomic_energies = np.array([e0s[z] for z in zs])
     shift, scale = compute_mean_rms_energy_forces(batches, atomic_energies)
     return {
@@ -125,9 +126,9 @@ def _hyper_parameters(train: list, e0s: dict[int, float], zs) -> dict[str, Any]:
     }
 
 
-def _validation_errors(model: torch.nn.Module, val: list, n_train: int, device: str) -> dict[str, Any]:
+def _validation_errors(model: torch.nn.Module, val: list, n_train: int) -> dict[str, Any]:
     """Energy MAE [meV/atom] and force MAE [meV/Å] of ``model`` on the validation graphs, with both split sizes."""
-    energies, forces = predict(model, val, device=device)
+    energies, forces = predict(model, val)
     de = (energies - np.array([float(g.energy) for g in val])) * 1000
     df = (np.concatenate(forces) - np.concatenate([g.forces.numpy() for g in val])) * 1000
     return {

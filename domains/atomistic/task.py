@@ -405,7 +405,7 @@ class Rmd17(Task):
     def evaluate(self, model: nn.Module, samples: Sequence[Any], device) -> Evaluation:
         """Energy [meV, meV/atom] and force-component [meV/Å] errors on ``samples``; the frames are the items, grouped
         by trajectory block (each frame its own group where the samples do not say their block)."""
-        energies, forces = predict(model, samples, device=device)
+        energies, forces = predict(model, samples)
         ref_energies = np.array([float(g.energy) for g in samples])
         ref_forces = np.concatenate([g.forces.numpy() for g in samples])
         n_atoms = np.array([g.num_nodes for g in samples])

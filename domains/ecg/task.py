@@ -60,6 +60,7 @@ from workbench.domains.ecg.readers import EMBEDDED_PTBXL, SUPERCLASSES, read_cin
 from workbench.domains.ecg.wfdb_record import read_record
 
 from workbench import resampled_metrics
+from workbench.device import device_of
 from workbench.errors import UserError, field_error
 from workbench.metrics import choose_thresholds, multilabel_scores
 from workbench.options import Option
@@ -262,7 +263,7 @@ class PtbXl(Task):
         }
 
     def _thresholds(self, model: nn.Module, val: Sequence[EcgSample]) -> np.ndarray:
-        truth, probabilities = self._predict(model, val, _device(model))
+        truth, probabilities = self._predict(model, val, device_of(model))
         thresholds = choose_thresholds(truth, probabilities)
         model.ecg_thresholds = thresholds.tolist()
         return thresholds
@@ -392,7 +393,7 @@ class PtbXl(Task):
         columns = ["record", "status"] + [f"p_{c}" for c in classes] + [f"label_{c}" for c in classes]
         rows = []
         model.eval()
-        dtype = next(model.parameters()).dtype
+        dtype, device = next(model.parameters()).dtype, device_of(model)
         for header in headers:
             row: dict[str, Any] = {"record": str(header.relative_to(folder).with_suffix(""))}
             try:
@@ -401,7 +402,7 @@ class PtbXl(Task):
                 rows.append({**row, "status": f"error: {error.problem}"})
                 continue
             with torch.no_grad():
-                p = torch.sigmoid(model(torch.as_tensor(signal[None], dtype=dtype)))[0].numpy()
+                p = torch.sigmoid(model(torch.as_tensor(signal[None], dtype=dtype, device=device)))[0].cpu().numpy()
             row["status"] = "ok"
             row.update({f"p_{c}": f"{p[k]:.6f}" for k, c in enumerate(classes)})
             row.update({f"label_{c}": int(p[k] >= thresholds[k]) for k, c in enumerate(classes)})
@@ -493,6 +494,3 @@ def _record_groups(raw: EcgSplits) -> np.ndarray:
         raise field_error(table, "patient_id", "a patient for every record (folds hold out whole patients)", found)
     return records.patients
 
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device

@@ -56,6 +56,7 @@ from workbench.domains.eeg.sleep_simulator import SleepCohort
 from workbench.models.eeg import LabramClassifier
 
 from workbench.checkpoint import save_tensors
+from workbench.device import device_of, place, resolve
 from workbench.trainer import Trainer, TrainSettings
 
 #: Seed of the generated pretraining subjects (the embedded adaptation sets use 2026).
@@ -224,7 +225,7 @@ def pretrain_labram(
     *,
     epochs: int = 200,
     seed: int = 0,
-    device: str = "cpu",
+    device: str | torch.device = "auto",
     progress: bool = False,
     label: str = "pretrain",
     target: str = "patch",
@@ -248,7 +249,7 @@ def pretrain_labram(
     )
     patch_size = encoder.architecture["patch_size"]
     samples, amplitude = patch_parts(torch.as_tensor(corpus.train), patch_size)
-    model = MaskedPatchModel(encoder, float(samples.std()), float(amplitude.std()), target).to(device)
+    model = place(MaskedPatchModel(encoder, float(samples.std()), float(amplitude.std()), target), resolve(device))
 
     def loss(model: MaskedPatchModel, batch: torch.Tensor, training: bool) -> torch.Tensor:
         generator = None if training else torch.Generator().manual_seed(seed)
@@ -263,12 +264,12 @@ def pretrain_labram(
     def val_loss() -> float:
         model.eval()
         with torch.no_grad():
-            return float(loss(model, collate(val, torch.device(device)), False))
+            return float(loss(model, collate(val, device_of(model)), False))
 
     before = val_loss()
     settings = TrainSettings(epochs=epochs, batch_size=32, learning_rate=1e-3, patience=20, seed=seed)
     Trainer(
-        model, loss, collate, list(corpus.train), val, settings, device=device, progress=progress, label=label
+        model, loss, collate, list(corpus.train), val, settings, progress=progress, label=label
     ).fit()
     after = val_loss()
     backbone = {k: v for k, v in encoder.labram.state_dict().items() if not k.startswith("final_layer.")}
@@ -300,7 +301,6 @@ def pretrain(
 ) -> dict[str, float]:
     """``workbench pretrain --domain sleepedf|motor-imagery``: generate the corpus in a temporary folder, pretrain,
     write ``out``."""
-    device = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
     read = {"sleepedf": sleep_corpus, "motor-imagery": motor_corpus}[task_name]
     with tempfile.TemporaryDirectory() as work:
         corpus = read(Path(work), scaling, progress=not quiet)

@@ -34,6 +34,7 @@ from workbench.domains.features.readers import FeatureSet, ShiftProblem, read_fe
 from workbench.models.mlp import FeatureNet
 
 from workbench import resampled_metrics
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.metrics import classification_scores
 from workbench.options import Option
@@ -233,7 +234,7 @@ class FeatureShift(Task):
     def _fit_source(self, model: FeatureNet, train: Sequence[FeatureSample], seed: int) -> None:
         """The source-only model: full-batch Adam (lr 1e-2) on the training samples, seeded."""
         torch.manual_seed(seed)
-        batch = self.collate(train, torch.device("cpu"))
+        batch = self.collate(train, device_of(model))
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
         for _ in range(self.config["pretrain_epochs"]):
             optimizer.zero_grad()

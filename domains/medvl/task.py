@@ -76,6 +76,7 @@ from workbench.domains.medvl.readers import (
 from workbench.models.medvl import KINDS, UNK, MedVLConfig
 
 from workbench import resampled_metrics
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.model import spec_of
 from workbench.options import Option
@@ -291,7 +292,7 @@ class MedVLTask(Task):
                 if sample.target_image is not None:
                     target = self._image(sample.target_image, size, "target_image", _where(sample))
                     with torch.no_grad():
-                        codes = model.vq.encode(target[None])[0]
+                        codes = model.vq.encode(target[None].to(device_of(model)))[0].cpu()  # items stay on the host
                 else:
                     codes = self._answer_codes(model, sample)
                 answer = ""

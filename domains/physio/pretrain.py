@@ -35,6 +35,7 @@ from torch import nn
 from workbench.models.physio import BACKBONE_RATE_HZ, PatchGPT
 
 from workbench.checkpoint import save_tensors
+from workbench.device import device_of, place, resolve
 from workbench.trainer import Trainer, TrainSettings
 
 #: Seed of the generated corpus (the embedded sites use 2026).
@@ -107,7 +108,7 @@ def pretrain_patch_gpt(
     *,
     epochs: int = 60,
     seed: int = 0,
-    device: str = "cpu",
+    device: str | torch.device = "auto",
     progress: bool = False,
     **architecture,
 ) -> dict[str, float]:
@@ -119,7 +120,7 @@ def pretrain_patch_gpt(
     val_mask = np.arange(len(segments)) % 10 == 0
     torch.manual_seed(seed)
     backbone = PatchGPT(n_times=segments.shape[1], n_outputs=1, sfreq=BACKBONE_RATE_HZ, **architecture)
-    model = NextPatchModel(backbone).to(device)
+    model = place(NextPatchModel(backbone), resolve(device))
 
     def loss(model: NextPatchModel, batch: torch.Tensor, training: bool) -> torch.Tensor:
         return model.loss(batch)
@@ -132,11 +133,11 @@ def pretrain_patch_gpt(
     def val_loss() -> float:
         model.eval()
         with torch.no_grad():
-            return float(model.loss(collate(val, torch.device(device))))
+            return float(model.loss(collate(val, device_of(model))))
 
     before = val_loss()
     settings = TrainSettings(epochs=epochs, batch_size=64, learning_rate=1e-3, patience=15, seed=seed)
-    Trainer(model, loss, collate, train, val, settings, device=device, progress=progress, label="physio").fit()
+    Trainer(model, loss, collate, train, val, settings, progress=progress, label="physio").fit()
     after = val_loss()
     kept = {k: v for k, v in backbone.state_dict().items() if not k.startswith("head.")}
     architecture = {k: v for k, v in backbone.architecture.items() if k not in ("n_times", "n_outputs")}

@@ -27,6 +27,7 @@ from torch import nn
 
 from workbench.checkpoint import atomic_path, write_json
 from workbench.clinical import calibration, conformal, shift_alarm
+from workbench.device import device_of
 from workbench.errors import UserError
 from workbench.npz import load_npz
 from workbench.task import Task, TaskData
@@ -63,7 +64,7 @@ def fit_run(task: Task, model: nn.Module, data: TaskData, out_dir: Path, seed: i
     """Fit temperatures, conformal calibration and the alarm's reference for the merged ``model``; write them into
     ``out_dir``. Returns what ``clinical.json`` holds (None, writing nothing, for a task whose evaluation gives no
     probabilities, or a validation split of fewer than 4 items)."""
-    device = next(model.parameters()).device
+    device = device_of(model)
     model.eval()
     if len(data.val) < 4:
         log.warning("clinical calibration: %d validation item(s), fewer than 4: no calibration", len(data.val))

@@ -64,8 +64,9 @@ class ClinicalPredictor:
 
     @classmethod
     def load(cls, run: str | Path, *, trust_modified: bool = False, shift_window: int = 64,
-             density_ratio: str = DENSITY_RATIO) -> "ClinicalPredictor":  # fmt: skip
-        """Verify ``run`` against its seal (`workbench.seal.check_run`), then load its task and merged model once.
+             density_ratio: str = DENSITY_RATIO, device: str = "auto") -> "ClinicalPredictor":  # fmt: skip
+        """Verify ``run`` against its seal (`workbench.seal.check_run`), then load its task and merged model once, on
+        ``device`` (`workbench.device.resolve`).
 
         Raises:
             UserError: a file changed after the run finished (unless ``trust_modified``), not a finished run, or a
@@ -80,7 +81,7 @@ class ClinicalPredictor:
         if "predict" not in task.capabilities:
             raise UserError(f"task '{config.task}' has no batch prediction: it cannot answer inputs")
         sealed = check_run(run, trust_modified)  # before anything the run wrote is used
-        finished = Run.load(run)
+        finished = Run.load(run, device)
         adapter = json.loads((finished.path / "adapter.json").read_text())
         task.use_run_state(adapter["task_state"])
         return cls(finished.path, config, task, finished.model, adapter, sealed, shift_window=shift_window,

@@ -71,7 +71,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8000, intake: str | Path | None = None,
           token_file: str | Path | None = None, audit_log: str | Path | None = None, limits: Limits = Limits(),
-          trust_modified: bool = False, workers: int | None = None) -> None:  # fmt: skip
+          trust_modified: bool = False, workers: int | None = None, device: str = "auto") -> None:  # fmt: skip
     """Serve the finished run ``run`` until SIGTERM or Ctrl-C (`workbench.serve.app` has the routes).
 
     Checked in this order, before the model is loaded: the tokens (`workbench.serve.auth.load_tokens`), the intake
@@ -88,6 +88,7 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8000, intake:
         limits: request limits.
         trust_modified: serve a run whose files differ from its seal (recorded in ``/model``'s ``run_seal``).
         workers: threads answering requests (default: the CPU count, at most 4).
+        device: where the model computes (``--device``, `workbench.device.resolve`).
 
     Raises:
         UserError: one of the checks above fails.
@@ -111,7 +112,7 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8000, intake:
     sock = None
     try:
         sock = _listening_socket(host, port)
-        predictor = ClinicalPredictor.load(run, trust_modified=trust_modified)
+        predictor = ClinicalPredictor.load(run, trust_modified=trust_modified, device=device)
         threads = workers or max(1, min(4, os.cpu_count() or 1))
         gate = create_app(predictor, tokens, audit, limits, intake_folder, workers=threads)
         if host not in ("127.0.0.1", "::1", "localhost"):
