@@ -99,8 +99,8 @@ def timed(step: Callable[[], Any], device: torch.device) -> float:
 class Check:
     """What one check run shares: its device, scale, scratch folder and log."""
 
-    def __init__(self, device: torch.device, smoke: bool, scratch: Path, log: Path) -> None:
-        self.device, self.smoke, self.scratch, self.log = device, smoke, scratch, log
+    def __init__(self, device: torch.device, smoke: bool, scratch: Path, log: Path, domains: tuple[str, ...]) -> None:
+        self.device, self.smoke, self.scratch, self.log, self.domains = device, smoke, scratch, log, domains
 
     def workbench(self, *arguments: str) -> tuple[int, float]:
         """``python -m workbench ARGUMENTS`` in a fresh process, its output appended to the log: (exit code,
@@ -156,7 +156,7 @@ def commands(check: Check) -> dict[str, Any]:
     """Every domain × applicable method for one epoch, then ``evaluate`` and ``predict`` of each default method
     (smoke: the default methods of features and ptbxl)."""
     rows, failed = [], []
-    for domain in ("features", "ptbxl") if check.smoke else DOMAINS:
+    for domain in check.domains:
         default = tasks.get(domain).default_method
         for method in [default] if check.smoke else _applicable(domain):
             out = check.scratch / "commands" / f"{domain}-{method}"
@@ -342,7 +342,7 @@ def epoch_seconds(check: Check) -> dict[str, Any]:
     """Seconds per epoch of each domain's default method (2 epochs; smoke: 1 epoch of features and ptbxl), no
     baselines, per offered precision."""
     rows = []
-    for domain in ("features", "ptbxl") if check.smoke else DOMAINS:
+    for domain in check.domains:
         offered = tasks.get(domain).precisions
         for precision in [p for p in ("float32", "bf16") if p in offered] or [offered[0]]:
             start = time.perf_counter()
@@ -362,13 +362,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="the same code paths on the CPU, tiny inputs")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts (default: all: {PARTS})")
+    parser.add_argument("--domains", default=",".join(DOMAINS), help="comma-separated domains of the commands and "
+                        "epochs parts (default: all; a machine may lack some domains' extras)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per MACE step (default 10; smoke 1)")
     parser.add_argument("--json", default=str(RESULTS))
     args = parser.parse_args(argv)
     chosen = [part for part in args.parts.split(",") if part]
-    unknown = sorted(set(chosen) - set(PARTS))
+    domains = tuple(domain for domain in args.domains.split(",") if domain)
+    unknown = sorted(set(chosen) - set(PARTS)) + sorted(set(domains) - set(DOMAINS))
     if unknown:
-        sys.exit(f"gpu_check: unknown part(s) {unknown}; the parts are {', '.join(PARTS)}")
+        sys.exit(f"gpu_check: unknown part(s) or domain(s) {unknown}; the parts are {', '.join(PARTS)}, the domains "
+                 f"{', '.join(DOMAINS)}")  # fmt: skip
     smoke = args.smoke
     if not smoke and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device is visible to torch (use --smoke to try the code paths on the CPU)")
@@ -386,7 +390,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print(f"device: {results['device']} (torch {results['torch']}){' — smoke run' if smoke else ''}")
     with tempfile.TemporaryDirectory() as scratch:
-        check = Check(device, smoke, Path(scratch), log)
+        check = Check(device, smoke, Path(scratch), log, ("features", "ptbxl") if smoke else domains)
         run = {"readme": readme, "commands": commands, "compare": compare, "serve": serve,
                "mace_step": lambda c: mace_step(c, rounds), "partial_ot": partial_ot, "htuning_memory": htuning_memory,
                "epochs": epoch_seconds}  # fmt: skip

@@ -51,6 +51,7 @@ def ethanol():
 def energy_forces(model, atomic_numbers):
     """``positions (n, 3) [Å] -> (energy () [eV], forces (n, 3) [eV/Å])`` of ``model``, for property checks."""
     from workbench.domains.atomistic.frames import Frame, collate, to_graphs
+    from workbench.device import device_of
 
     def compute(positions: torch.Tensor):
         graphs = to_graphs(
@@ -58,7 +59,7 @@ def energy_forces(model, atomic_numbers):
             [int(z) for z in model.atomic_numbers],
             float(model.r_max),
         )
-        out = model(collate(graphs).to_dict(), training=False, compute_force=True)
+        out = model(collate(graphs, device_of(model)).to_dict(), training=False, compute_force=True)
         return out["energy"][0].detach(), out["forces"].detach()
 
     return compute

@@ -109,7 +109,7 @@ def test_only_adapters_change(mace_model, ethanol):
     elora.apply(mace_model, rank=4, alpha=4.0)
     optimizer = torch.optim.SGD([p for p in mace_model.parameters() if p.requires_grad], lr=0.1)
 
-    batch = collate(to_graphs([Frame(z, c) for c in coords[:2]], [1, 6, 7, 8], 5.0))
+    batch = collate(to_graphs([Frame(z, c) for c in coords[:2]], [1, 6, 7, 8], 5.0), "cpu")
 
     def step(model):
         energies = model(batch.to_dict(), training=True, compute_force=True)["energy"]

@@ -177,7 +177,7 @@ def _ethanol_batch(base, ethanol, frames):
         energies, forces = data["energies"], data["forces"]
     kcal_per_mol = 0.0433641  # eV
     graphs = [Frame(z, coords[i], float(energies[i]) * kcal_per_mol, forces[i] * kcal_per_mol) for i in frames]
-    return collate(to_graphs(graphs, [int(n) for n in base.atomic_numbers], float(base.r_max)))
+    return collate(to_graphs(graphs, [int(n) for n in base.atomic_numbers], float(base.r_max)), "cpu")
 
 
 def test_lora_one_factors_are_the_top_r_subspaces_of_the_gradient(base, ethanol):

@@ -19,7 +19,7 @@ from workbench.testing import assert_identity_at_init, assert_merge_equivalent, 
 def mace_case(ethanol):
     """(base model builder, outputs, step) on the ethanol frames with a small MACE."""
     z, coords = ethanol
-    batch = collate(to_graphs([Frame(z, c) for c in coords[:3]], [1, 6, 7, 8], 5.0))
+    batch = collate(to_graphs([Frame(z, c) for c in coords[:3]], [1, 6, 7, 8], 5.0), "cpu")
 
     def loss(model):
         out = model(batch.to_dict(), training=True, compute_force=True)

@@ -115,3 +115,16 @@ def test_the_harness_catches_the_helper_that_broke_the_first_gpu_run(ethanol):
     with placement_harness() as run_device:
         energies, forces = predict(placement.place(small_mace(), run_device), graphs)
     assert energies.shape == (3,) and np.isfinite(energies).all() and forces[0].shape == (9, 3)
+
+
+def test_pretraining_puts_its_batches_where_the_model_is(tmp_path):
+    """``workbench pretrain --device``: the medvl recipe (the one that trained on the CPU whatever the flag said)
+    places its model and moves every batch to it; saved from the host."""
+    pytest.importorskip("transformers")
+    from workbench.domains.medvl.pretrain import pretrain
+
+    out = tmp_path / "medvl.safetensors"
+    with placement_harness():
+        pretrain(out, vq_steps=1, vision_steps=1, lm_steps=1, image_subjects=4, held_out_subjects=2,
+                 text_subjects=(2, 1), log=lambda *_: None)  # fmt: skip
+    assert out.stat().st_size > 0

@@ -25,7 +25,8 @@ from workbench.registry import methods, tasks
 DOMAINS = Path(__file__).resolve().parents[1] / "domains"
 #: Inputs of ``workbench predict`` for the tasks with batch prediction: files from the embedded data.
 PREDICT_INPUTS = {
-    "ptbxl": [DOMAINS / "ecg/embedded/ptbxl_synthetic/records100/00000" / f"00001_lr{suffix}" for suffix in (".hea", ".dat")],
+    "ptbxl": [DOMAINS / "ecg/embedded/ptbxl_synthetic/records100/00000" / f"00001_lr{suffix}"
+              for suffix in (".hea", ".dat")],
     "sleepedf": [DOMAINS / "eeg/embedded/sleep-edf/sleep-cassette" / name
                  for name in ("SC4001E0-PSG.edf", "SC4001EC-Hypnogram.edf")],
     "motor-imagery": [DOMAINS / "eeg/embedded/eegmmidb/S001/S001R04.edf"],

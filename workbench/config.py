@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-import torch
-
 from workbench import settings
 from workbench.device import resolve_name
 from workbench.errors import UserError

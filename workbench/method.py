@@ -27,6 +27,10 @@ fills every trainable ``.grad`` and returns the detached batch loss (None lets t
 seeds its randomness with ``seed * 1_000_003 + step`` and a resumed run draws what an uninterrupted one would.
 Validation always uses the stage's ``loss``.
 
+Placement: the model every hook receives is already on the run's device (`workbench.device.place`); what a hook
+makes beside it (adapters, estimators, generated weights) goes where the model is (`workbench.device.device_of`).
+``prepare`` may create its adapters on the host: the run places the prepared model again.
+
 The state a method owns apart from the base model (``trainable_state``) is saved as ``adapter.safetensors``.
 Methods stay usable without the trainer, on plain PyTorch modules.
 """

@@ -249,7 +249,8 @@ def placement_harness() -> Iterator[torch.device]:
     sides, made = _Sides(), threading.local()
     previous = placement._stand_in
     placement._stand_in = lambda device: RUN_DEVICE if device.type == "cpu" else device
-    script_deepcopy, script_save, script_load = torch.jit.RecursiveScriptModule.__deepcopy__, torch.jit.save, torch.jit.load
+    script_deepcopy, script_save, script_load = (
+        torch.jit.RecursiveScriptModule.__deepcopy__, torch.jit.save, torch.jit.load)  # fmt: skip
     torch.jit.RecursiveScriptModule.__deepcopy__ = _script_deepcopy(script_deepcopy, sides)
     torch.jit.save, torch.jit.load = _script_save(script_save, sides), _script_load(script_load, sides)
     try:

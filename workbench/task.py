@@ -6,6 +6,11 @@ and its data card. The run (`workbench.run`) calls the hooks below in order; the
 samples. What a task offers beyond the required hooks that the engine uses it declares in ``capabilities``
 (`CAPABILITIES`); what a method needs beyond these is a protocol beside the method (`workbench.method.Method.
 needs_task`); methods that need what a task lacks are refused before the run directory appears.
+
+Placement: the run loads the model (``load_model`` / ``rebuild``), casts it and places it on the run's device
+(`workbench.device.place`) before any other hook sees it, so ``prepare``, ``refit``, ``evaluate``,
+``predict_folder`` and the rest find the device from the model they are given (`workbench.device.device_of`) and
+``collate`` is handed it; samples may stay on the host until ``collate``. A hook never assumes the CPU.
 """
 
 from __future__ import annotations

@@ -314,9 +314,10 @@ class Trainer:
                 self.scheduler.step()
             if self.ema is not None:
                 self.ema.update()
-            total += loss.float().item() * len(samples)
+            # summed on the device (no host sync inside the step), as float32 values added in float64 as before
+            total = total + loss.detach().float().double() * len(samples)
             count += len(samples)
-        return total / count, len(batches)
+        return float(total) / count, len(batches)
 
     def validation_loss(self) -> float:
         """Mean loss over the validation samples with the current (EMA) weights."""

@@ -61,6 +61,8 @@ from workbench.domains.medvl.generate import (
 from workbench.models.medvl import BOS, EOS, IGNORE, PAD, SEP, MedVL, MedVLConfig, WordTokenizer, save_medvl
 from workbench.models.vq import psnr, ssim
 
+from workbench.device import device_of, place, resolve
+
 #: Seed of every generated pretraining corpus (the embedded set uses 0).
 PRETRAIN_SEED = 7
 #: The shipped checkpoint's default path, relative to the repository root.
@@ -121,14 +123,15 @@ def _optimiser(params, lr: float, steps: int):
 
 def pretrain_vq(model: MedVL, train: torch.Tensor, held_out: torch.Tensor, steps: int, batch: int = 64,
                 lr: float = 2e-3, log=print) -> dict[str, float]:  # fmt: skip
-    """Train ``model.vq`` on ``train`` images; PSNR [dB] / SSIM / codes in use on ``held_out``."""
-    vq = model.vq
+    """Train ``model.vq`` on ``train`` images (on the host; batches go where the model is); PSNR [dB] / SSIM / codes
+    in use on ``held_out``."""
+    vq, where = model.vq, device_of(model)
     vq.requires_grad_(True)
     vq.train()
     optimiser, schedule = _optimiser(vq.parameters(), lr, steps)
     generator = torch.Generator().manual_seed(0)
     for step in range(steps):
-        x = train[torch.randint(len(train), (batch,), generator=generator)]
+        x = train[torch.randint(len(train), (batch,), generator=generator)].to(where)
         out = vq(x)
         optimiser.zero_grad()
         out.loss.backward()
@@ -139,8 +142,8 @@ def pretrain_vq(model: MedVL, train: torch.Tensor, held_out: torch.Tensor, steps
     vq.requires_grad_(False)
     vq.eval()
     with torch.no_grad():
-        made = torch.cat([vq.decode(vq.encode(part)) for part in held_out.split(256)])
-        codes = torch.cat([vq.encode(part) for part in held_out.split(256)])
+        made = torch.cat([vq.decode(vq.encode(part.to(where))).cpu() for part in held_out.split(256)])
+        codes = torch.cat([vq.encode(part.to(where)).cpu() for part in held_out.split(256)])
     return {
         "psnr_db": float(psnr(made, held_out).mean()),
         "ssim": float(ssim(made, held_out)),
@@ -169,13 +172,13 @@ def _findings_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def pretrain_vision(model: MedVL, train: tuple[torch.Tensor, torch.Tensor], held_out: tuple[torch.Tensor, torch.Tensor],
                     steps: int, batch: int = 64, lr: float = 1e-3, log=print) -> dict[str, float]:  # fmt: skip
     """Train ``model.vision`` (with a temporary head) on the findings; held-out accuracy of each output kind."""
-    probe = _FindingsProbe(model)
+    probe, where = place(_FindingsProbe(model), device_of(model)), device_of(model)
     optimiser, schedule = _optimiser(probe.parameters(), lr, steps)
     generator = torch.Generator().manual_seed(1)
     images, targets = train
     for step in range(steps):
         pick = torch.randint(len(images), (batch,), generator=generator)
-        loss = _findings_loss(probe(images[pick]), targets[pick])
+        loss = _findings_loss(probe(images[pick].to(where)), targets[pick].to(where))
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
@@ -183,7 +186,7 @@ def pretrain_vision(model: MedVL, train: tuple[torch.Tensor, torch.Tensor], held
         if step % 200 == 0 or step == steps - 1:
             log(f"vision step {step}: loss {loss.item():.4f}")
     with torch.no_grad():
-        logits = torch.cat([probe(part) for part in held_out[0].split(256)])
+        logits = torch.cat([probe(part.to(where)).cpu() for part in held_out[0].split(256)])
     right = (logits > 0).float() == held_out[1]
     known = ~torch.isnan(held_out[1])
 
@@ -239,7 +242,7 @@ def pretrain_language(model: MedVL, corpus: dict[str, list], steps: int, batch: 
                       log=print) -> dict[str, float]:  # fmt: skip
     """Train ``model.lm`` on the text of ``corpus['train']``; held-out perplexity on ``corpus['test']``. The
     image-token rows get no gradient and are checked unchanged."""
-    tok = model.tokenizer
+    tok, where = model.tokenizer, device_of(model)
     embedding, head = model.lm.get_input_embeddings().weight, model.lm.lm_head.weight
     image_rows = (embedding[tok.start_index_id :].detach().clone(), head[tok.start_index_id :].detach().clone())
     params = [p for p in model.lm.parameters()]
@@ -248,7 +251,7 @@ def pretrain_language(model: MedVL, corpus: dict[str, list], steps: int, batch: 
     train = corpus["train"]
     for step in range(steps):
         pick = torch.randint(len(train), (batch,), generator=generator).tolist()
-        loss = _text_loss(model, _text_batch(tok, [train[i] for i in pick]))
+        loss = _text_loss(model, _text_batch(tok, [train[i] for i in pick]).to(where))
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
@@ -261,7 +264,7 @@ def pretrain_language(model: MedVL, corpus: dict[str, list], steps: int, batch: 
     total, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(corpus["test"]), 256):
-            ids = _text_batch(tok, corpus["test"][start : start + 256])
+            ids = _text_batch(tok, corpus["test"][start : start + 256]).to(where)
             total += float(_text_loss(model, ids, reduction="sum"))
             count += int((ids[:, 1:] != PAD).sum())
     return {"perplexity": math.exp(total / count), "held_out_tokens": count}
@@ -278,6 +281,7 @@ def pretrain(
     held_out_subjects: int = 100,
     text_subjects: tuple[int, int] = (600, 100),
     threads: int = 2,
+    device: str = "auto",
     log=print,
 ) -> str:
     """Pretrain every part (module docstring), write the checkpoint to ``out`` atomically; returns a summary.
@@ -290,6 +294,7 @@ def pretrain(
             held-out part.
         text_subjects: (train, held-out) subjects of the text corpus (8 records each).
         threads: torch CPU threads.
+        device: where it trains (`workbench.device.resolve`).
     """
     started = time.time()
     torch.set_num_threads(threads)
@@ -301,7 +306,7 @@ def pretrain(
     texts = [q for q, _ in corpus["train"]] + [a for _, a in corpus["train"] if a is not None]
     words = WordTokenizer.from_corpus(texts, codebook_size=MedVLConfig().vq.codebook_size).words
     missing = sorted(set(VOCABULARY) - set(words))
-    model = MedVL(MedVLConfig(), words)
+    model = place(MedVL(MedVLConfig(), words), resolve(device))
     train_images, train_targets = image_corpus(image_subjects, stream=0)
     held_images, held_targets = image_corpus(held_out_subjects, stream=1)
     log(f"corpora: {len(train_images)} images, {len(corpus['train'])} text records, {len(words)} words "
@@ -333,7 +338,7 @@ def pretrain(
         "torch": torch.__version__,
         "projectors": "random initialisation (learnt by the adaptation's first stage)",
     }
-    save_medvl(model, out, provenance)
+    save_medvl(model.cpu(), out, provenance)
     size = Path(out).stat().st_size
     n_params = sum(p.numel() for p in model.parameters())
     lines = [

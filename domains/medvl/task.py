@@ -516,7 +516,7 @@ class MedVLTask(Task):
         (`workbench.domains.medvl.pretrain`)."""
         from workbench.domains.medvl.pretrain import pretrain
 
-        return pretrain(out, seed=seed)
+        return pretrain(out, seed=seed, device=device)
 
     def info(self, data: str | Path | None) -> str:
         """The records of each split by sub-task, after opening every image (`read`)."""
