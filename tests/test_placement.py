@@ -128,3 +128,40 @@ def test_pretraining_puts_its_batches_where_the_model_is(tmp_path):
         pretrain(out, vq_steps=1, vision_steps=1, lm_steps=1, image_subjects=4, held_out_subjects=2,
                  text_subjects=(2, 1), log=lambda *_: None)  # fmt: skip
     assert out.stat().st_size > 0
+
+
+class _Scripted(torch.nn.Module):
+    """A module holding a TorchScript submodule with a buffer (as e3nn's generated code does)."""
+
+    def __init__(self):
+        super().__init__()
+        inner = torch.nn.Linear(3, 3)
+        inner.register_buffer("table", torch.ones(3))
+        self.inner = torch.jit.script(inner)
+
+    def forward(self, x):
+        return self.inner(x) * self.inner.table
+
+
+def test_copies_no_mode_sees_keep_their_sides(tmp_path):
+    """A deep copy and ``torch.jit.save`` / ``load`` keep the run device, as a CUDA module's copies stay on CUDA
+    (``load`` copies in C++, unseen by the modes: without the harness's record, e3nn's deep copy, which saves and
+    loads its TorchScript code, read as on the host)."""
+    import copy
+    import io
+
+    with placement_harness() as run_device:
+        model = placement.place(_Scripted(), run_device)
+        x = torch.randn(2, 3, device=run_device)
+        assert copy.deepcopy(model)(x).device == RUN_DEVICE
+        norm = placement.place(torch.nn.BatchNorm1d(3), run_device).eval()  # buffers: copied without an operator
+        assert copy.deepcopy(norm)(x).device == RUN_DEVICE
+        buffer = io.BytesIO()
+        torch.jit.save(model.inner, buffer)
+        buffer.seek(0)
+        loaded = torch.jit.load(buffer)
+        assert (loaded(x) * loaded.table).device == RUN_DEVICE
+    buffer.seek(0)
+    with pytest.raises(PlacementError, match="mixes"):  # TorchScript re-raises inside: the harness names it
+        with placement_harness() as run_device:
+            torch.jit.load(buffer, map_location="cpu")(torch.randn(2, 3, device=run_device))  # on the host

@@ -14,7 +14,8 @@ run device passes every test and fails on the first GPU. Under `placement_harnes
 
 A `TorchFunctionMode` sees the Python calls (``.to``, ``.device``, factories), a `TorchDispatchMode` every operator,
 inside TorchScript and generated code too. Moves copy, as a real transfer does; copies that no mode sees (a
-TorchScript module's deep copy, ``torch.jit.save`` then ``load``) keep their tensors' sides, as they keep devices.
+tensor's deep copy, a TorchScript module's ``torch.jit.save`` then ``load``) keep their tensors' sides, as they keep
+devices.
 The numbers computed are the CPU's own: only placement is checked.
 """
 
@@ -201,18 +202,6 @@ class _Operators(TorchDispatchMode):
         return out
 
 
-def _script_deepcopy(copy_in_cpp: Any, sides: _Sides) -> Any:
-    """TorchScript's deep copy (made in C++, unseen by the modes), with each copied tensor on its original's side."""
-
-    def deepcopy(module: torch.jit.RecursiveScriptModule, memo: dict[int, Any] | None) -> Any:
-        copied = copy_in_cpp(module, memo)
-        for tensor, copy in zip(module.state_dict(keep_vars=True).values(), copied.state_dict(keep_vars=True).values()):
-            sides.mark(copy, sides.side(tensor))
-        return copied
-
-    return deepcopy
-
-
 #: The sides of a saved TorchScript module's tensors, kept in its archive (``torch.jit.save``'s extra files), so
 #: that ``torch.jit.load`` puts them back where they were, as it does with devices.
 _SIDES_FILE = "workbench_placement_sides.json"
@@ -249,9 +238,7 @@ def placement_harness() -> Iterator[torch.device]:
     sides, made = _Sides(), threading.local()
     previous = placement._stand_in
     placement._stand_in = lambda device: RUN_DEVICE if device.type == "cpu" else device
-    script_deepcopy, script_save, script_load = (
-        torch.jit.RecursiveScriptModule.__deepcopy__, torch.jit.save, torch.jit.load)  # fmt: skip
-    torch.jit.RecursiveScriptModule.__deepcopy__ = _script_deepcopy(script_deepcopy, sides)
+    script_save, script_load = torch.jit.save, torch.jit.load
     torch.jit.save, torch.jit.load = _script_save(script_save, sides), _script_load(script_load, sides)
     try:
         with _Operators(sides, made), _Calls(sides, made):
@@ -262,5 +249,4 @@ def placement_harness() -> Iterator[torch.device]:
         raise
     finally:
         placement._stand_in = previous
-        torch.jit.RecursiveScriptModule.__deepcopy__ = script_deepcopy
         torch.jit.save, torch.jit.load = script_save, script_load
