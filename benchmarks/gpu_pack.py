@@ -160,14 +160,16 @@ def pack(chosen: str, arch: str) -> int:
 
 
 def stage() -> None:
-    """Take every tracked file out of the working tree (git holds them), so that the transfer holds the pack."""
+    """Take every tracked file but ``.gitignore`` out of the working tree (git holds them), so that the transfer
+    holds the pack."""
     changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                              text=True, check=True).stdout  # fmt: skip
     if changes.strip():
         sys.exit("gpu_pack --stage: commit or stash first; uncommitted changes to tracked files:\n" + changes)
     names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for name in names:
-        (ROOT / name).unlink(missing_ok=True)
+        if name != ".gitignore":  # it keeps .venv/ and the like out of the transfer (and gpu-pack/: carried)
+            (ROOT / name).unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:
