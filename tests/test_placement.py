@@ -94,6 +94,7 @@ def test_the_harness_tells_the_run_device_from_the_host():
         with pytest.raises(PlacementError, match="mixes"):
             model(on_run.to("cpu"))
         assert (on_run * torch.tensor(2.0)).device == RUN_DEVICE  # a host scalar is legal
+        assert on_run.to(torch.float64, copy=True).device == RUN_DEVICE
     assert placement.resolve("cpu") == torch.device("cpu")  # the harness is gone
 
 

@@ -31,6 +31,7 @@ from workbench.domains.atomistic.readers import read_sgdml  # noqa: E402
 from workbench.domains.atomistic.task import Rmd17, fit_atomic_energies  # noqa: E402
 from workbench.models.sevennet import calculator, load_sevennet  # noqa: E402
 
+from workbench.device import device_of  # noqa: E402
 from workbench.testing import rotation_equivariance_error  # noqa: E402
 
 pytestmark = pytest.mark.sevennet
@@ -66,7 +67,7 @@ def energy_forces(model, atomic_numbers):
         dtype = next(model.parameters()).dtype
         graphs = to_graphs([Frame(np.asarray(atomic_numbers), positions.detach().numpy())],
                            [int(z) for z in model.atomic_numbers], model.r_max, dtype)  # fmt: skip
-        out = model(collate(graphs).to_dict(), training=False, compute_force=True)
+        out = model(collate(graphs, device_of(model)).to_dict(), training=False, compute_force=True)
         return out["energy"][0].detach(), out["forces"].detach()
 
     return compute
@@ -77,7 +78,7 @@ def train_steps(model, z, coords, steps: int = 3, lr: float = 1e-2) -> None:
     dtype = next(model.parameters()).dtype
     graphs = to_graphs([Frame(z, c, energy_ev=0.0, forces_ev_per_a=np.zeros_like(c)) for c in coords],
                        [int(x) for x in model.atomic_numbers], model.r_max, dtype)  # fmt: skip
-    batch = collate(graphs)
+    batch = collate(graphs, device_of(model))
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     model.train()
     for _ in range(steps):

@@ -16,7 +16,9 @@ A `TorchFunctionMode` sees the Python calls (``.to``, ``.device``, factories), a
 inside TorchScript and generated code too. Moves copy, as a real transfer does; copies that no mode sees (a
 tensor's deep copy, a TorchScript module's ``torch.jit.save`` then ``load``) keep their tensors' sides, as they keep
 devices.
-The numbers computed are the CPU's own: only placement is checked.
+The numbers computed are the CPU's own: only placement is checked. Not followed: tensors rebuilt by ``pickle``
+(e3nn ≥ 0.5 pickles its generated modules when a model is deep-copied, so SevenNet's e3nn 0.6 path reads as on the
+host and is not run under the harness).
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ class _Calls(TorchFunctionMode):
             self.sides.mark(out, self.sides.side(args[0]))
             return out
         if func in (torch.Tensor.to, torch.Tensor.cpu):
-            target = _HOST if func is torch.Tensor.cpu else torch._C._nn._parse_to(*args[1:], **kwargs)[0]
+            parsed = {k: v for k, v in kwargs.items() if k != "copy"}  # Tensor.to's own keyword, not Module.to's
+            target = _HOST if func is torch.Tensor.cpu else torch._C._nn._parse_to(*args[1:], **parsed)[0]
             if target is None:
                 return func(*args, **kwargs)
             return self._moved(func, args, kwargs, target)
