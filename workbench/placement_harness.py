@@ -17,8 +17,8 @@ inside TorchScript and generated code too. Moves copy, as a real transfer does; 
 tensor's deep copy, a TorchScript module's ``torch.jit.save`` then ``load``) keep their tensors' sides, as they keep
 devices.
 The numbers computed are the CPU's own: only placement is checked. Not followed: tensors rebuilt by ``pickle``
-(e3nn ≥ 0.5 pickles its generated modules when a model is deep-copied, so SevenNet's e3nn 0.6 path reads as on the
-host and is not run under the harness).
+(a model library that pickles its generated modules when a model is deep-copied reads as on the host there, so
+such a model is not run under the harness; ``docs/gpu.md`` names it).
 """
 
 from __future__ import annotations
