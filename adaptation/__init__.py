@@ -1,5 +1,5 @@
 """Adaptation methods (``workbench.adaptation``), one method or method family per module; each registers itself in
-`workbench.registry.methods` and is found through the ``workbench.methods`` entry points.
+`workbench.core.registry.methods` and is found through the ``workbench.methods`` entry points.
 
 Imports go one way: the engine (``workbench``) ← ``workbench.models`` ← ``workbench.adaptation`` ←
 ``workbench.domains`` (ARCHITECTURE.md). Importing this package imports ``workbench.models`` first, which makes

@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 from workbench.models.ecg import ECGStudent
 
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.method import Method, PlanInputs, Stage
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class Distill(Method):
         teacher: ``--teacher``'s adapted model, else the run's chosen adapted model (distill as a baseline), else
         the pretrained base model."""
         if self.config["teacher"]:
-            from workbench.run import Run
+            from workbench.core.finished import Run
 
             self.set_teacher(Run.load(self.config["teacher"]).model)
             log.info("distill: teacher = the adapted model of %s", self.config["teacher"])

@@ -40,7 +40,7 @@ from sklearn.linear_model import LogisticRegression
 from workbench.adaptation.dre_pp import as_input_type, check_samples
 from workbench.adaptation.importance_weighting import ImportanceWeighting
 
-from workbench.registry import methods
+from workbench.core.registry import methods
 
 
 class _Estimator:

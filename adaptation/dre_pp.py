@@ -89,8 +89,8 @@ import numpy as np
 import torch
 from workbench.adaptation.importance_weighting import ImportanceWeighting
 
-from workbench.device import resolve
-from workbench.registry import methods
+from workbench.core.device import resolve
+from workbench.core.registry import methods
 
 _DTYPE = torch.float64
 
@@ -197,7 +197,7 @@ class PPDRE:
             0 takes any lower loss).
         unit_norm: keep every direction at unit norm (default True); False lets its norm set the bandwidth.
         random_state: seed of the split, the random initial direction and nothing else (default None).
-        device: torch device to fit and evaluate on (default "auto": `workbench.device.resolve`); computation is in
+        device: torch device to fit and evaluate on (default "auto": `workbench.core.device.resolve`); computation is in
             float64.
 
     Fitted attributes:

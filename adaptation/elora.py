@@ -85,11 +85,11 @@ from workbench.adaptation.lora.variants import variants_for
 from workbench.adaptation.lora.variants.flat_lora import FlatLoRA, unit_noise
 from workbench.adaptation.lora.variants.lora_one import LoraOne
 
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.method import Method, PlanInputs, Stage
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 try:  # MACE is optional: without it ELoRA still adapts any e3nn model
     from mace.modules.symmetric_contraction import Contraction as MaceContraction

@@ -7,8 +7,14 @@ init), ``d`` the irreps' dimension (``Σ mul · (2l + 1)``). The update mixes th
 ``m`` components of one irrep), so the adapted model is no longer rotation-equivariant once ``B ≠ 0`` — which is what
 ELoRA's per-path updates avoid (`workbench.adaptation.elora`, whose tests and ``tests/test_sevennet.py`` measure it).
 
-A dense update of the flat features has no place in e3nn's per-path weights: `merge` replaces each adapted layer by
-`DenseUpdate`, the frozen layer plus the fixed product ``ΔW = (alpha / r) · Aᵀ Bᵀ``.
+The update is the project's one LoRA mechanism, `workbench.adaptation.lora.layer.LoraLayer` (its factors, init,
+scale and ``ΔW``), adapting a stand-in ``nn.Linear(d_in, d_out)`` whose weight is a zero buffer: the frozen
+``o3.Linear`` computes the base output, the `LoraLayer` only its update (``LoraLayer.update``). The factors are
+``<layer>.lora.lora_A.default.weight (r, d_in)`` and ``<layer>.lora.lora_B.default.weight (d_out, r)``.
+
+A dense update of the flat features has no place in e3nn's per-path weights: `merge` folds each update into its
+stand-in's zero weight (``LoraLayer.merge``) and replaces the adapted layer by `DenseUpdate`, the frozen layer plus
+that fixed ``ΔW = (alpha / r) · B A`` (a buffer, ``(d_out, d_in)``).
 
 Shapes:
     x ``(n_nodes, d_in)`` -> ``(n_nodes, d_out)``.
@@ -16,49 +22,57 @@ Shapes:
 
 from __future__ import annotations
 
-import math
+import re
+from pathlib import Path
+from typing import Mapping
 
 import torch
 from e3nn import o3
 from torch import nn
+from workbench.adaptation.lora.config import AdapterConfig
+from workbench.adaptation.lora.layer import DEFAULT, LoraLayer
 
-from workbench.errors import UserError
-from workbench.method import Method
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.errors import UserError
+from workbench.core.method import Method
+from workbench.core.options import Option
+from workbench.core.registry import methods
+
+
+def _dense_carrier(layer: o3.Linear) -> nn.Linear:
+    """An ``nn.Linear(d_in, d_out)`` without bias whose weight is a zero buffer: what `LoraLayer` adapts (the update's
+    shapes, dtype and device; its merge folds ``ΔW`` into that weight). No random draw, and no parameter to count."""
+    dense = nn.Linear(layer.irreps_in.dim, layer.irreps_out.dim, bias=False, device="meta")
+    del dense.weight
+    dense.register_buffer("weight", layer.weight.new_zeros(layer.irreps_out.dim, layer.irreps_in.dim))
+    return dense
 
 
 class FeatureLowRank(nn.Module):
-    """``base_layer(x) + scale · x Aᵀ Bᵀ`` around a frozen ``o3.Linear`` (module doc)."""
+    """``base_layer(x) + scale · B A x`` around a frozen ``o3.Linear`` (module doc): ``lora``, a `LoraLayer` on a dense
+    carrier (`_dense_carrier`), computes the update; its carrier's zero weight is never multiplied."""
 
     def __init__(self, base_layer: o3.Linear, rank: int, alpha: float):
         super().__init__()
         self.base_layer = base_layer.requires_grad_(False)
-        weight = base_layer.weight
-        d_in, d_out = base_layer.irreps_in.dim, base_layer.irreps_out.dim
-        self.lora_A = nn.Parameter(torch.empty(rank, d_in, dtype=weight.dtype, device=weight.device))
-        self.lora_B = nn.Parameter(torch.zeros(d_out, rank, dtype=weight.dtype, device=weight.device))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        self.scale = alpha / rank
-
-    def delta(self) -> torch.Tensor:
-        """``ΔW (d_in, d_out)``: the update as a matrix acting on row vectors."""
-        return self.scale * self.lora_A.T @ self.lora_B.T
+        self.lora = LoraLayer(_dense_carrier(base_layer), AdapterConfig(rank, alpha))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base_layer(x) + self.scale * (x @ self.lora_A.T) @ self.lora_B.T
+        return self.base_layer(x) + self.lora.update(DEFAULT, x)
 
 
 class DenseUpdate(nn.Module):
-    """A merged `FeatureLowRank`: ``base_layer(x) + x ΔW`` with ``ΔW (d_in, d_out)`` fixed (a buffer)."""
+    """A merged `FeatureLowRank`: ``base_layer(x) + dense(x)``, ``dense`` the carrier holding ``ΔW`` (a buffer)."""
 
-    def __init__(self, base_layer: o3.Linear, delta: torch.Tensor):
+    def __init__(self, base_layer: o3.Linear, dense: nn.Linear):
         super().__init__()
-        self.base_layer = base_layer
-        self.register_buffer("delta", delta.detach().clone())
+        self.base_layer, self.dense = base_layer, dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base_layer(x) + x @ self.delta
+        return self.base_layer(x) + self.dense(x)
+
+
+#: A factor's name in files written before the update was a `LoraLayer`.
+_OLD_NAME = re.compile(r"\.lora_([AB])$")
 
 
 def _replace(model: nn.Module, kind: type, build) -> int:
@@ -68,6 +82,11 @@ def _replace(model: nn.Module, kind: type, build) -> int:
         parent_name, _, attribute = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attribute, build(module))
     return len(found)
+
+
+def _merged(layer: FeatureLowRank) -> DenseUpdate:
+    layer.lora.merge()  # LoraLayer's W ← W + ΔW on the carrier's zero weight
+    return DenseUpdate(layer.base_layer, layer.lora.base_layer)
 
 
 def apply(model: nn.Module, rank: int = 16, alpha: float = 16.0) -> nn.Module:
@@ -80,7 +99,7 @@ def apply(model: nn.Module, rank: int = 16, alpha: float = 16.0) -> nn.Module:
 
 def merge(model: nn.Module) -> nn.Module:
     """Replace every `FeatureLowRank` by its `DenseUpdate`; returns ``model``."""
-    _replace(model, FeatureLowRank, lambda layer: DenseUpdate(layer.base_layer, layer.delta()))
+    _replace(model, FeatureLowRank, _merged)
     return model
 
 
@@ -109,3 +128,11 @@ class FeatureLoRA(Method):
 
     def merge(self, model: nn.Module) -> nn.Module:
         return merge(model)
+
+    def load_trainable_state(
+        self, model: nn.Module, state: Mapping[str, torch.Tensor], source: str | Path = "<state>"
+    ) -> None:
+        """`Method.load_trainable_state`, reading too the names files had before the update was a `LoraLayer`
+        (``<layer>.lora_A`` / ``<layer>.lora_B``, the same shapes)."""
+        renamed = {_OLD_NAME.sub(r".lora.lora_\1.default.weight", name): value for name, value in state.items()}
+        super().load_trainable_state(model, renamed, source)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from workbench.method import Method
-from workbench.registry import methods
+from workbench.core.method import Method
+from workbench.core.registry import methods
 
 
 @methods.register

@@ -55,12 +55,12 @@ from workbench.adaptation.lora import PluginConfig, apply_plugins, save_plugin
 from workbench.adaptation.lora.model import target_names
 from workbench.adaptation.lora.plugins import plugin_names, plugin_parameters, plugin_state
 
-from workbench.checkpoint import check_state_fits
-from workbench.errors import UserError
-from workbench.method import Method, PlanInputs, Stage
-from workbench.model import require
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.checkpoint import check_state_fits
+from workbench.core.errors import UserError
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.model import require
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class _HeterogeneousLoRA(Method):
     def updates(self, steps: Sequence[tuple[str, int]] | None = None) -> dict[str, int]:
         """Optimizer updates each parameter group (`GROUPS`) takes in the last plan: from ``steps``, the
         ``(stage name, optimizer steps)`` of each epoch a trainer ran (its history), or else as planned (every epoch
-        of every stage: ``ceil(records / batch size)`` steps, as `workbench.trainer.Trainer` takes them). These are
+        of every stage: ``ceil(records / batch size)`` steps, as `workbench.core.trainer.Trainer` takes them). These are
         the steps a group trains in; a plug-in whose kind a batch lacks has no gradient there and Adam skips it, in
         the three stages as in the mixed one."""
         if steps is None:

@@ -53,14 +53,14 @@ import torch.nn.functional as F
 from torch import nn
 from workbench.models.graph import BRANCHES, GraphNet
 
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.method import Method, PlanInputs, Stage
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 if TYPE_CHECKING:
-    from workbench.task import Task, TaskData
+    from workbench.core.task import Task, TaskData
 
 PAIRINGS = ("random", "mean")
 

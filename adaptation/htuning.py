@@ -29,7 +29,7 @@ of its values (an adapter-sized copy); ``exact_restore=False`` restores MeZO-sty
 
 The loss must be deterministic in ``θ`` for ``L+ − L−`` to measure ``θ``'s effect: no dropout, no batch
 statistics in training mode (the ECG models of `models.ecg` use GroupNorm/LayerNorm and no dropout). The model
-must declare (`workbench.model.ModelSpec`) LoRA target groups, a head and an embedding hook with
+must declare (`workbench.core.model.ModelSpec`) LoRA target groups, a head and an embedding hook with
 ``model(x) == head(embedding(x))``.
 
 Shapes:
@@ -49,11 +49,11 @@ from torch import nn
 from workbench.adaptation import lora
 from workbench.adaptation.lora import method as lora_method
 
-from workbench.errors import UserError
-from workbench.method import Method, PlanInputs, Stage
-from workbench.model import require
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.errors import UserError
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.model import require
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 NORM_MATCHES = ("tensor", "global")
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -376,7 +376,7 @@ class HTuning(Method):
 
     def gradients(self, task, model: nn.Module, batch: Any, step: int) -> torch.Tensor:
         """One mixed-order gradient for ``batch = (inputs, labels)`` at global ``step``, written into the trainable
-        ``.grad``; returns the detached loss (`workbench.method.Stage.gradients`)."""
+        ``.grad``; returns the detached loss (`workbench.core.method.Stage.gradients`)."""
         try:
             batch_x, batch_y = batch
         except (TypeError, ValueError):

@@ -24,12 +24,12 @@ from torch import nn
 from workbench.adaptation.source_weighting import WeightedSourceLoss
 from workbench.adaptation.task_needs import InputVectors, PerSampleLosses, SampleIds
 
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.options import Option
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.options import Option
 
 if TYPE_CHECKING:
-    from workbench.task import Task, TaskData
+    from workbench.core.task import Task, TaskData
 
 
 def clipped_weights(ratios: np.ndarray, reference: np.ndarray, clip: float) -> np.ndarray:

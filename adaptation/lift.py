@@ -36,11 +36,11 @@ from torch import nn
 from workbench.adaptation.lora.method import HEAD_OPTION, TARGETS_OPTION
 from workbench.adaptation.lora.model import target_names
 
-from workbench.errors import UserError
-from workbench.method import Method, PlanInputs, Stage
-from workbench.model import require
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.errors import UserError
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.model import require
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 #: The attribute of a model `apply` made: ``{module name: (rank, count, hook handle)}``.
 STATE = "_lift"

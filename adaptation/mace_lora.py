@@ -10,10 +10,10 @@ from __future__ import annotations
 from mace.modules.lora import inject_LoRAs, merge_lora_weights
 from torch import nn
 
-from workbench.errors import UserError
-from workbench.method import Method
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.errors import UserError
+from workbench.core.method import Method
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 
 @methods.register

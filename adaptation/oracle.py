@@ -15,11 +15,11 @@ from torch import nn
 from workbench.adaptation.source_weighting import WeightedSourceLoss
 from workbench.adaptation.task_needs import ClassLabels, PerSampleLosses, SampleIds
 
-from workbench.errors import UserError
-from workbench.registry import methods
+from workbench.core.errors import UserError
+from workbench.core.registry import methods
 
 if TYPE_CHECKING:
-    from workbench.task import Task, TaskData
+    from workbench.core.task import Task, TaskData
 
 
 @methods.register

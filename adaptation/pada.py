@@ -21,11 +21,11 @@ from torch import nn
 from workbench.adaptation.source_weighting import WeightedSourceLoss
 from workbench.adaptation.task_needs import ClassLabels, Embeddings, PerSampleLosses, SampleIds
 
-from workbench.method import PlanInputs, Stage
-from workbench.registry import methods
+from workbench.core.method import PlanInputs, Stage
+from workbench.core.registry import methods
 
 if TYPE_CHECKING:
-    from workbench.task import Task, TaskData
+    from workbench.core.task import Task, TaskData
 
 
 def target_class_weights(task: "Task", model: nn.Module, target_samples, device: torch.device) -> torch.Tensor:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from workbench.method import Method
-from workbench.model import require
-from workbench.registry import methods
+from workbench.core.method import Method
+from workbench.core.model import require
+from workbench.core.registry import methods
 
 
 @methods.register

@@ -3,7 +3,7 @@
 Every parameter trains; the loss of a batch is ``mean_i(w_i · ℓ_i)`` with per-sample losses ℓ_i from the
 task (``sample_losses``, the `PerSampleLosses` protocol of `workbench.adaptation.task_needs`) and weights looked
 up by sample id (``batch_ids``, `SampleIds`). Subclasses fill ``weight_by_id`` in ``setup`` (and may refresh it
-before each epoch from their stage's ``on_epoch``, `workbench.method.Stage`, as PADA does). With weights of mean 1
+before each epoch from their stage's ``on_epoch``, `workbench.core.method.Stage`, as PADA does). With weights of mean 1
 over the training samples the loss stays on the scale of the unweighted one, so learning rates carry over.
 
 Diagnostic (``outlier_weight_share``): when the task knows which classes the target holds
@@ -20,11 +20,11 @@ import torch
 from torch import nn
 from workbench.adaptation.task_needs import PerSampleLosses, SampleIds
 
-from workbench.device import device_of
-from workbench.method import Method
+from workbench.core.device import device_of
+from workbench.core.method import Method
 
 if TYPE_CHECKING:
-    from workbench.task import Task, TaskData
+    from workbench.core.task import Task, TaskData
 
 
 class WeightedSourceLoss(Method):

@@ -1,6 +1,6 @@
 """What the weighting and alignment methods ask of a task beyond the hooks every task has, as protocols.
 
-A method lists the ones it needs in its ``needs_task`` (`workbench.method.Method.check` refuses a task that lacks
+A method lists the ones it needs in its ``needs_task`` (`workbench.core.method.Method.check` refuses a task that lacks
 one before the run directory appears); a task offers one by defining its method. Shapes: ``batch`` is what the
 task's ``collate`` returns; ``samples`` a sequence of the task's samples.
 """

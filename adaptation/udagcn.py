@@ -32,12 +32,12 @@ import torch.nn.functional as F
 from torch import nn
 from workbench.adaptation.homophily import EncoderMethod, graph_batch, graph_net
 
-from workbench.errors import UserError
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.errors import UserError
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 if TYPE_CHECKING:
-    from workbench.task import Task
+    from workbench.core.task import Task
 
 
 class _ReverseGradient(torch.autograd.Function):

@@ -73,14 +73,14 @@ from torch import nn
 from workbench.adaptation.source_weighting import effective_sample_share, outlier_weight_share
 from workbench.adaptation.task_needs import ClassLabels, Embeddings, PerSampleLosses
 
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.method import Method, PlanInputs, Stage
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 if TYPE_CHECKING:
-    from workbench.task import Task, TaskData
+    from workbench.core.task import Task, TaskData
 
 
 def _as_float_tensor(value, name: str, like: torch.Tensor) -> torch.Tensor:
@@ -304,7 +304,7 @@ def partial_plan(
             (default 10, as POT), sparing a device sync and a plan evaluation every iteration.
 
     Threads: it computes with torch's thread count as the caller left it (a run sets it by its policy). Called from
-    a notebook on a busy machine, wrap it in ``with workbench.threads.following_load(): ...`` (one thread per core
+    a notebook on a busy machine, wrap it in ``with workbench.run.threads.following_load(): ...`` (one thread per core
     beside a busy process is several times slower, `benchmarks/threads_under_load.py`).
 
     Returns:

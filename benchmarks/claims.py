@@ -4,12 +4,12 @@ A method-comparison benchmark (``benchmarks/<name>.py``) is a `Benchmark`: what 
 claims it tests and their margins. ``python benchmarks/<name>.py`` runs it (`run`: the comparison in
 ``benchmarks/runs/<name>/``, resumable) and writes ``benchmarks/results/<name>.json`` with every cell, the summary and
 each claim's verdict (holds / does not hold / no verdict, Holm over the benchmark's claims:
-`workbench.comparison_report.verdicts`). The page that discusses a benchmark (``docs/**/*.md``, or README.md) holds
+`workbench.comparison.report.verdicts`). The page that discusses a benchmark (``docs/**/*.md``, or README.md) holds
 its table and verdicts between ``<!-- rendered: <name> -->`` and ``<!-- end rendered -->``, each name on exactly one
 page; ``python benchmarks/claims.py`` rewrites those blocks from the results files and ``--check`` fails when a page
 and the results disagree or a block is on two pages (``tests/test_rendered_claims.py``).
 
-Seeds: new reported numbers use seeds from `workbench.comparison.FIRST_REPORTED_SEED` (200) on; the results kept
+Seeds: new reported numbers use seeds from `workbench.comparison.design.FIRST_REPORTED_SEED` (200) on; the results kept
 here were measured on seeds 100-199, spent since. ``--dev`` runs seeds 0-1 into ``benchmarks/runs/dev/`` and writes
 no results file.
 """
@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from workbench.checkpoint import write_json, write_text
-from workbench.comparison import CompareSpec, compare
-from workbench.comparison_report import Claim, reference_line, statistics_text, summarise, table, verdicts
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.execute import compare
+from workbench.comparison.report import Claim, reference_line, statistics_text, summarise, table, verdicts
+from workbench.core.checkpoint import write_json, write_text
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

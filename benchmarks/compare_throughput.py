@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import inspect
 import json
 import math
 import os
@@ -37,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,24 +46,26 @@ SECOND = {"features": "full", "csbm": "full", "ptbxl": "lora", "sleepedf": "full
           "medvl": "lora", "rmd17": "full"}  # fmt: skip
 PHASES = ("startup", "data", "model", "base", "train", "probes", "eval", "writing", "other")
 
-#: Engine functions timed in a phase: (module, attribute); task methods are timed on the domain's task class.
+#: Engine functions timed in a phase: (module, attribute), under this checkout's module names and those before the
+#: engine's floors (0.1: ``workbench.run``, ``workbench.comparison``, ``workbench.report`` were modules), so that
+#: ``--against`` an older commit times the same functions; task methods are timed on the domain's task class.
 MODULE_PHASES = {
-    ("workbench.run", "data_record"): "data",
-    ("workbench.comparison", "data_fingerprint"): "data",
-    ("workbench.run", "cast"): "model",
-    ("workbench.run", "_evaluate_or_reuse"): "base",
+    **{(module, "data_record"): "data" for module in ("workbench.run", "workbench.run.adapting")},
+    **{(module, "data_fingerprint"): "data" for module in ("workbench.comparison", "workbench.comparison.cells")},
+    **{(module, "cast"): "model" for module in ("workbench.run", "workbench.run.adapting")},
+    **{(module, "_evaluate_or_reuse"): "base" for module in ("workbench.run", "workbench.run.adapting")},
     ("workbench.run", "_train"): "train",
-    ("workbench.run", "_warm_up"): "probes",
-    ("workbench.run", "_training_step_bytes"): "probes",
-    ("workbench.run", "_item_intervals"): "eval",
-    ("workbench.report", "learning_curves"): "writing",
-    ("workbench.report", "markdown"): "writing",
-    ("workbench.run", "_save_adapter"): "writing",
-    ("workbench.run", "_save_result"): "writing",
-    ("workbench.run", "seal"): "writing",
-    ("workbench.comparison", "seal"): "writing",
-    ("workbench.comparison", "cell_manifest"): "writing",
-}
+    ("workbench.run.stages", "train_stages"): "train",
+    **{("workbench.run", name): "probes" for name in ("_warm_up", "_training_step_bytes")},
+    **{("workbench.run.stages", name): "probes" for name in ("warm_up", "step_bytes")},
+    **{(module, "_item_intervals"): "eval" for module in ("workbench.run", "workbench.run.adapting")},
+    **{(module, name): "writing" for module in ("workbench.report", "workbench.run.report")
+       for name in ("learning_curves", "markdown")},
+    **{(module, name): "writing" for module in ("workbench.run", "workbench.run.adapting")
+       for name in ("_save_adapter", "_save_result", "seal")},
+    **{(module, name): "writing" for module in ("workbench.comparison", "workbench.comparison.cells")
+       for name in ("seal", "cell_manifest")},
+}  # fmt: skip
 TASK_PHASES = {"read": "data", "prepare": "data", "load_model": "model", "evaluate": "eval", "figures": "writing"}
 
 
@@ -115,25 +117,26 @@ def worker(args: argparse.Namespace) -> None:
     use_source(Path(args.source))
     import importlib
 
-    from workbench.comparison import CompareSpec, compare
-    from workbench.registry import tasks
+    from workbench.comparison.design import CompareSpec
+    from workbench.comparison.execute import compare
+    from workbench.core.registry import tasks
 
     clock = PhaseClock()
     task_class = tasks.get(args.domain)
     for name, phase in TASK_PHASES.items():
         setattr(task_class, name, clock.wrap(getattr(task_class, name), phase))
     for (module_name, attribute), phase in MODULE_PHASES.items():
-        module = importlib.import_module(module_name)
-        if hasattr(module, attribute):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:  # the other version's name
+            continue
+        if hasattr(module, attribute) and not isinstance(getattr(module, attribute), types.ModuleType):
             setattr(module, attribute, clock.wrap(getattr(module, attribute), phase))
     methods = [task_class.default_method, SECOND[args.domain]]
     spec = CompareSpec(domain=args.domain, methods=tuple(methods), folds=2, seeds=(0, 1), epochs=args.epochs)
-    extra = (
-        {"side_by_side": True} if args.side_by_side and "side_by_side" in inspect.signature(compare).parameters else {}
-    )
     began = time.time()
     with tempfile.TemporaryDirectory() as folder:
-        comparison = compare(spec, Path(folder) / "comparison", workers=1, threads=1, quiet=True, **extra)
+        comparison = compare(spec, Path(folder) / "comparison", workers=1, threads=1, quiet=True)
         cells = sorted((Path(folder) / "comparison" / "cells").glob("*/*/cell.json"))
         records = {f"{p.parent.parent.name}/{p.parent.name}": json.loads(p.read_text()) for p in cells}
     ended = time.time()
@@ -146,12 +149,12 @@ def worker(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps(result))
 
 
-def measure(source: Path, domain: str, epochs: int, side_by_side: bool) -> dict:
+def measure(source: Path, domain: str, epochs: int) -> dict:
     """One domain's comparison from ``source`` in a fresh process: phases per cell, cells per hour, metrics."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         result_path = Path(handle.name)
     command = [sys.executable, __file__, "--worker", "--source", str(source), "--domain", domain,
-               "--epochs", str(epochs), "--result", str(result_path)] + ["--side-by-side"] * side_by_side  # fmt: skip
+               "--epochs", str(epochs), "--result", str(result_path)]  # fmt: skip
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = time.time()
     finished = subprocess.run(command, env=environment, capture_output=True, text=True)
@@ -214,8 +217,6 @@ def main() -> None:
     parser.add_argument("--domains", default=",".join(DOMAINS), help="comma-separated domains")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of every cell")
     parser.add_argument("--against", metavar="REF", help="a git commit whose code runs beside this checkout's")
-    parser.add_argument("--side-by-side", action="store_true",
-                        help="compare --side-by-side (seeds batched) where a version has it")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="write everything measured here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
@@ -232,7 +233,7 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {label: {} for label in sources}
     for domain in domains:
         for label, source in sources.items():
-            results[label][domain] = measure(source, domain, args.epochs, args.side_by_side)
+            results[label][domain] = measure(source, domain, args.epochs)
             print(f"{domain} ({label}): {results[label][domain]['cells']} cells in "
                   f"{results[label][domain]['wall']:.1f} s", flush=True)  # fmt: skip
     for label in sources:

@@ -52,7 +52,7 @@ from workbench.domains.physio.generate import SITES, draw_subjects, simulate_rec
 from workbench.domains.physio.task import AFTER_S, BEFORE_S, model_inputs
 
 from workbench.clinical import conformal, shift_alarm
-from workbench.registry import tasks
+from workbench.core.registry import tasks
 
 NAME = "conformal_shift"
 SEEDS = tuple(range(200, 205))

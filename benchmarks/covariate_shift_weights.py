@@ -18,8 +18,8 @@ from pathlib import Path
 
 from claims import Benchmark, run
 
-from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.report import Claim
 
 ENTRIES = ("full", "dre-pp", "dre-ulsif", "dre-kliep", "dre-logistic")
 NAMES = {"full": "unweighted (full)", "dre-pp": "ppDRE", "dre-ulsif": "uLSIF", "dre-kliep": "KLIEP",

@@ -19,7 +19,7 @@ smaller than its teacher — into ``results/ecg_htuning_costs.json``:
    mark (VmHWM) is reset (``/proc/self/clear_refs``) and ``--steps`` steps run (the method's gradient, then the
    optimizer). Training memory = VmHWM after the steps minus the resident size before (glibc's mmap threshold fixed
    at 64 KiB so freed tensors leave the resident set at once); beside it the run's own figure
-   (``training_step_bytes``, `workbench.memory`). ``htuning-published`` runs its graph-free forwards on the whole
+   (``training_step_bytes``, `workbench.core.memory`). ``htuning-published`` runs its graph-free forwards on the whole
    batch (``--zo-chunk 0``); a student's step includes its teacher's forward.
 2. forward latency (one thread, ``inference_mode``, median of interleaved repeats) and size of the shipped teacher
    and fresh 12/3/1-lead students, at batch 1 and 32.
@@ -45,9 +45,9 @@ from pathlib import Path
 
 from claims import RESULTS, Benchmark, run
 
-from workbench.checkpoint import write_json
-from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.report import Claim
+from workbench.core.checkpoint import write_json
 
 BENCHMARK = Benchmark(
     name="ecg_htuning",
@@ -99,10 +99,10 @@ def memory_worker(method_name: str, options: dict, batch_size: int, steps: int) 
     import torch
     from workbench.domains.ecg.task import PtbXl
 
-    from workbench.method import PlanInputs
-    from workbench.registry import methods
-    from workbench.run import _training_step_bytes
-    from workbench.trainer import TrainSettings
+    from workbench.core.method import PlanInputs
+    from workbench.core.registry import methods
+    from workbench.core.trainer import TrainSettings
+    from workbench.run.stages import step_bytes
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -139,7 +139,7 @@ def memory_worker(method_name: str, options: dict, batch_size: int, steps: int) 
         "training_bytes": (_resident_kib("VmHWM") - start_kib) * 1024,
         "seconds_per_step": statistics.median(seconds),
         "trainable_parameters": sum(p.numel() for p in trainable),
-        "in_run_step_bytes": _training_step_bytes(stage, task, probe, data, torch.device("cpu")),
+        "in_run_step_bytes": step_bytes(stage, task, probe, data, torch.device("cpu")),
     }
 
 

@@ -55,8 +55,8 @@ from pathlib import Path
 
 from claims import HERE, Benchmark, run
 
-from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.report import Claim
 
 #: Generated data of each task (seed 11: subjects the backbones never saw), relative to the repository.
 DATA_SEED = 11

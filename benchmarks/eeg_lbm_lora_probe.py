@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workbench.models.eeg as eeg_models  # noqa: E402  (imports braindecode the workbench's way)
 from eeg_lbm_lora import HERE, cohort  # noqa: E402
 
-from workbench.checkpoint import write_json  # noqa: E402
+from workbench.core.checkpoint import write_json  # noqa: E402
 
 CHECKPOINTS = {
     "shipped (patch target)": eeg_models.CHECKPOINTS / "labram_motor_small.safetensors",

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 from claims import HERE, ROOT, Benchmark, run
 
-from workbench.checkpoint import atomic_path
-from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.report import Claim
+from workbench.core.checkpoint import atomic_path
 
 #: Training frames of the two benchmarks (ELoRA's low-data regime) -> epochs (4 optimizer steps of 5 frames in both).
 #: Sized on this machine: one cell of 12 epochs × 10 frames on the full trajectory took ~40 s of CPU (3.5 min wall

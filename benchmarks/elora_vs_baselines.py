@@ -29,8 +29,8 @@ import sys
 
 from claims import Benchmark, run
 
-from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.report import Claim
 
 SIZES = (25, 50)
 #: Frames purged between test and training frames (200 fs at one frame per 10 fs).

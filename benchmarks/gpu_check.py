@@ -51,9 +51,9 @@ from workbench.domains.features.partial_da import make_partial_da
 from workbench.models.mace import FOUNDATION_ARCHITECTURE, build_mace, load_mace, to_cueq
 
 import workbench
-from workbench import device as placement
-from workbench.errors import UserError
-from workbench.registry import methods, tasks
+from workbench.core import device as placement
+from workbench.core.errors import UserError
+from workbench.core.registry import methods, tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_check.json"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from claims import Benchmark, run
 
-from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.report import Claim
 
 REAL = Path(__file__).resolve().parents[1] / "tests" / "data" / "real" / "graphs"
 ENTRIES = ("full@gcn", "homophily", "mixed-filters")

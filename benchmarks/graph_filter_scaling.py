@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from workbench.domains.graphs.task import CSBMTask
 
-from workbench.config import MethodEntry
-from workbench.registry import methods
+from workbench.core.config import MethodEntry
+from workbench.core.registry import methods
 
 METHODS = ("homophily", "mixed-filters", "gcn", "udagcn", "mlp")
 #: The run entry (METHOD@MODEL) behind each column.

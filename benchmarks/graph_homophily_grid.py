@@ -19,8 +19,8 @@ from pathlib import Path
 
 from claims import Benchmark, run
 
-from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.report import Claim
 
 ENTRIES = ("mixed-filters", "homophily", "homophily:pairs", "full@gcn", "udagcn@gcn", "full@graph-mlp")
 NAMES = {"homophily:pairs": "homophily (pairs)", "full@gcn": "source-only GCN", "udagcn@gcn": "UDAGCN-style (GCN)",

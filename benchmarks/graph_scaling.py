@@ -8,7 +8,7 @@ and backward through both graphs for ``homophily`` and ``udagcn``) and one valid
 reads the features as the (n, d) matrix (the code before: input dropout and the first layer on n · d entries);
 "sparse" through `workbench.models.graph.SparseFeatures` (dropout and the first layer on the non-zeros). Reported:
 median wall and CPU seconds per epoch over ``--steps`` epochs after one warm-up, and the peak bytes of tensors a
-training step allocates (`workbench.memory.training_step_bytes`; the feature matrix itself, made before, is not
+training step allocates (`workbench.core.memory.training_step_bytes`; the feature matrix itself, made before, is not
 counted). On a shared machine CPU seconds are the steadier number.
 
     python benchmarks/graph_scaling.py                          # homophily, 5 sizes, both paths
@@ -28,9 +28,9 @@ from workbench.domains.graphs.graph import Graph
 from workbench.domains.graphs.readers import read_graph
 from workbench.domains.graphs.task import CSBMTask, PairSample, split_source
 
-from workbench.config import MethodEntry
-from workbench.memory import training_step_bytes
-from workbench.registry import methods
+from workbench.core.config import MethodEntry
+from workbench.core.memory import training_step_bytes
+from workbench.core.registry import methods
 
 REAL = Path(__file__).resolve().parents[1] / "tests" / "data" / "real" / "graphs"
 #: The run entry (METHOD@MODEL) behind each method name.

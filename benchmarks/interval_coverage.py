@@ -14,7 +14,7 @@ Procedures:
   cells gave p < 0.05, and there were at least 6 cells.
 - ``corrected t``: the corrected repeated k-fold t (Nadeau & Bengio 2003; Bouckaert & Frank 2004) over all cells,
   variance inflated by 1 / (units · folds) + n_test / n_train with n_test / n_train = 1 / (folds − 1).
-- ``unit-mean t`` (`workbench.statistics`, the default): Student t over the seeds' mean differences; a claim holds
+- ``unit-mean t`` (`workbench.comparison.statistics`, the default): Student t over the seeds' mean differences; a claim holds
   when the one-sided p < 0.025 with at least 3 units.
 
 Columns: coverage of the nominal 95 % interval at delta = 0.5 (translation-equivariant procedures cover the same
@@ -37,7 +37,7 @@ import numpy as np
 from scipy.stats import t as student_t
 from scipy.stats import wilcoxon
 
-from workbench import statistics
+from workbench.comparison import statistics
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: (units, folds): the shapes the project's benchmarks have run (1×6 elora_vs_baselines; 2×3 EEG and graphs;
@@ -94,7 +94,7 @@ def corrected_t_interval(d: np.ndarray) -> np.ndarray:
 
 
 def unit_t_interval(d: np.ndarray) -> np.ndarray:
-    """The t interval over unit means (`workbench.statistics.t_interval`, vectorised): (reps, 2); nan below two
+    """The t interval over unit means (`workbench.comparison.statistics.t_interval`, vectorised): (reps, 2); nan below two
     units."""
     means = d.mean(axis=2)
     reps, units = means.shape

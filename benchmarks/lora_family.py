@@ -63,10 +63,11 @@ from eeg_lbm_lora import BACKBONES, VAL_WINDOWS
 from eeg_lbm_lora import cohort as eeg_cohort
 from medvl_hlora import subset
 
-from workbench import statistics
-from workbench.checkpoint import write_json
-from workbench.comparison import CompareSpec, compare
-from workbench.comparison_report import Claim
+from workbench.comparison import statistics
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.execute import compare
+from workbench.comparison.report import Claim
+from workbench.core.checkpoint import write_json
 
 ENTRIES = (
     "lora",
@@ -134,7 +135,7 @@ AFFORDED_ENTRIES = {
     for domain in ("ptbxl", "sleepedf")
 }
 FOLDS = 3
-#: Reported seeds (3 independent units: `workbench.statistics.MIN_UNITS`, all this machine affords).
+#: Reported seeds (3 independent units: `workbench.comparison.statistics.MIN_UNITS`, all this machine affords).
 SEEDS = (200, 201, 202)
 #: Domains that run more seeds than `SEEDS` (sleepedf: its plan asked for 10, 5 fitted the session).
 REPORTED_SEEDS = {"sleepedf": (200, 201, 202, 203, 204)}
@@ -388,7 +389,7 @@ def first_epoch(name: str, dev: bool) -> dict[str, Any]:
 
 def first_epoch_summary(losses: dict[str, dict[str, float]]) -> dict[str, Any]:
     """``{"cells": losses, ENTRY: paired difference to lora}`` from each entry's first-epoch validation loss per cell
-    (``fold<k>-seed<s>``): `workbench.statistics.paired_units` over the seeds."""
+    (``fold<k>-seed<s>``): `workbench.comparison.statistics.paired_units` over the seeds."""
     reference = losses["lora"]
     out: dict[str, Any] = {"cells": losses}
     for method, cells in losses.items():

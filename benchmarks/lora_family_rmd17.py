@@ -22,8 +22,8 @@ import lora_family
 from claims import Benchmark, run
 from elora_vs_baselines import GAP
 
-from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.report import Claim
 
 #: The refinements with a claim under test here (the others are not run: see the module docstring).
 CLAIMED = ("lora:replora", "lora:flat")

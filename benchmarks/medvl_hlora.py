@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from claims import Benchmark, run
 
-from workbench.checkpoint import write_json
-from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.report import Claim
+from workbench.core.checkpoint import write_json
 
 HERE = Path(__file__).parent
 COSTS = HERE / "results" / "medvl_hlora_costs.json"
@@ -118,8 +118,8 @@ def step_times(ks: tuple[int, ...], repeats: int) -> list[dict]:
     """Median seconds of one training step per layout and k, interleaved in one process."""
     from workbench.adaptation.hlora import HLoRA, HLoRAPlainLoRA, MoELoRA
 
-    from workbench.method import PlanInputs
-    from workbench.registry import tasks
+    from workbench.core.method import PlanInputs
+    from workbench.core.registry import tasks
 
     task = tasks.get("medvl")()
     base = task.load_model(None)
@@ -153,7 +153,7 @@ def step_times(ks: tuple[int, ...], repeats: int) -> list[dict]:
 
 
 def _settings():
-    from workbench.trainer import TrainSettings
+    from workbench.core.trainer import TrainSettings
 
     return TrainSettings(epochs=1, batch_size=16, learning_rate=1e-3, ema_decay=None, patience=100)
 
@@ -163,8 +163,8 @@ def interference(epochs: int, seed: int = 0) -> list[dict]:
     plug-in (H-LoRA) or into one adapter shared by both skills."""
     from workbench.adaptation.lora import PluginConfig, apply_plugins
 
-    from workbench.registry import tasks
-    from workbench.trainer import Trainer
+    from workbench.core.registry import tasks
+    from workbench.core.trainer import Trainer
 
     task = tasks.get("medvl")()
     base = task.load_model(None)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from claims import Benchmark, run
 
-from workbench.comparison import CompareSpec
-from workbench.comparison_report import Claim
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.report import Claim
 
 BENCHMARK = Benchmark(
     name="partial_da_weights",

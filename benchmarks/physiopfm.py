@@ -32,9 +32,10 @@ from pathlib import Path
 
 from claims import HERE, RESULTS, Benchmark, rendered, results
 
-from workbench.checkpoint import write_json
-from workbench.comparison import CompareSpec, compare
-from workbench.comparison_report import Claim, summarise
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.execute import compare
+from workbench.comparison.report import Claim, summarise
+from workbench.core.checkpoint import write_json
 
 ROOT = HERE.parent
 TARGETS = ROOT / "domains" / "physio" / "procedural_sites"

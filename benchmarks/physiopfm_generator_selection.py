@@ -28,7 +28,7 @@ from workbench.adaptation.physiopfm.bank import delta_of, load_bank, lora_scale
 from workbench.adaptation.physiopfm.descriptors import task_descriptor
 from workbench.adaptation.physiopfm.generator import fit_weight_generator
 
-from workbench.checkpoint import write_json
+from workbench.core.checkpoint import write_json
 
 HERE = Path(__file__).resolve().parent
 BANK = HERE.parent / "models" / "checkpoints" / "physiopfm_grid_bank.safetensors"

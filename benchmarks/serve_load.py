@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print(f"audit verify: exit {verified.returncode}: {(verified.stdout or verified.stderr).strip()}")
     if not args.no_results:
-        from workbench.checkpoint import write_json
+        from workbench.core.checkpoint import write_json
 
         write_json(RESULTS, {
             "benchmark": "serve_load",

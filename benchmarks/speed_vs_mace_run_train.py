@@ -20,7 +20,7 @@ each phase gets the same ``(E2 − E1)`` difference per epoch:
     backward     loss.backward()
     clip         torch.nn.utils.clip_grad_norm_
     optimizer    Adam.step and Optimizer.zero_grad
-    ema          the EMA update (workbench.ema / torch_ema)
+    ema          the EMA update (workbench.core.ema / torch_ema)
     validation   the whole validation pass (Trainer.validation_loss / mace.tools.train.evaluate; mace
                  collates the validation set again every epoch and sets requires_grad=False on the
                  parameters meanwhile, the workbench collates it once)
@@ -130,9 +130,9 @@ def targets() -> list[tuple[Any, str, str]]:
     from mace.tools.utils import MetricsLogger
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    import workbench.ema
-    import workbench.trainer
-    from workbench.trainer import Trainer
+    import workbench.core.ema
+    import workbench.core.trainer
+    from workbench.core.trainer import Trainer
 
     mace_train = importlib.import_module("mace.tools.train")  # `mace.tools.train` is also a function's name
     return [
@@ -147,13 +147,13 @@ def targets() -> list[tuple[Any, str, str]]:
         (torch.nn.utils, "clip_grad_norm_", "clip"),
         (torch.optim.Adam, "step", "optimizer"),
         (torch.optim.Optimizer, "zero_grad", "optimizer"),
-        (workbench.ema.ExponentialMovingAverage, "update", "ema"),
+        (workbench.core.ema.ExponentialMovingAverage, "update", "ema"),
         (torch_ema.ExponentialMovingAverage, "update", "ema"),
         (Trainer, "validation_loss", "validation"),
         (mace_train, "evaluate", "validation"),
         (Trainer, "_state", "checkpoint"),
         (Trainer, "_trainable_values", "checkpoint"),
-        (workbench.trainer, "save_checkpoint", "checkpoint"),
+        (workbench.core.trainer, "save_checkpoint", "checkpoint"),
         (CheckpointHandler, "save", "checkpoint"),
         (MetricsLogger, "log", "logging"),
         (mace_train, "valid_err_log", "logging"),

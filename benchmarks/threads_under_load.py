@@ -6,8 +6,8 @@ Workloads:
   ``seconds`` over 2 epochs of `workbench.adapt`).
 - ``partial-ot``: `workbench.adaptation.warmpot.partial_plan` (entropic, float64) on the n = 1024 partial-DA
   problem of ``benchmarks/entropic_partial_ot_speed.py`` (best of 3 solves).
-Policies: ``today`` (torch's default: one thread per CPU, what every run used before `workbench.threads`),
-``1-thread`` and ``default`` (`workbench.threads.choose_threads`). Conditions: ``alone`` and ``contended`` (a
+Policies: ``today`` (torch's default: one thread per CPU, what every run used before `workbench.run.threads`),
+``1-thread`` and ``default`` (`workbench.run.threads.choose_threads`). Conditions: ``alone`` and ``contended`` (a
 second process spinning a pure-Python loop, started before and stopped after). Every cell runs in a fresh process;
 the cells are interleaved, ``--repeats`` times, and the median is reported with its ratio to ``today`` in the
 same condition.
@@ -17,8 +17,8 @@ same condition.
 (start-up included): ``quiet`` on the quiet machine (the default policy); then beside ``--competitors`` processes
 spinning pure-Python loops (default 1), started 1 s before the run and stopped ``--stop-after`` seconds after it
 started (default 60: "a process that stops after a minute"), with ``once``, the count
-`workbench.threads.choose_threads` gives at start pinned for the whole run (what runs did before they followed the
-load), and ``follow``, the default policy (`workbench.threads.ThreadPolicy`). Reported: wall seconds, ratio to
+`workbench.run.threads.choose_threads` gives at start pinned for the whole run (what runs did before they followed the
+load), and ``follow``, the default policy (`workbench.run.threads.ThreadPolicy`). Reported: wall seconds, ratio to
 quiet, each epoch's threads.
 
     python benchmarks/threads_under_load.py               # ~5 min on 2 cores
@@ -54,7 +54,7 @@ import json, os, sys, tempfile, time
 policy, workload = sys.argv[1], sys.argv[2]
 threads = {"today": os.cpu_count(), "1-thread": 1, "default": None}[policy]
 import workbench
-from workbench.threads import use_threads
+from workbench.run.threads import use_threads
 if workload == "partial-ot":
     import ot, torch
     from workbench.adaptation.warmpot import partial_plan
@@ -82,7 +82,7 @@ print(json.dumps({"seconds": seconds, "threads": chosen}))
 RUN = r"""
 import json, sys, tempfile
 import workbench
-from workbench.threads import choose_threads
+from workbench.run.threads import choose_threads
 policy, epochs = sys.argv[1], int(sys.argv[2])
 threads = choose_threads()[0] if policy == "once" else None
 fixed = {"epochs": epochs, "patience": epochs, "baselines": ()} if epochs else {}  # 0: the README's first command

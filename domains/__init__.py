@@ -1,5 +1,5 @@
 """Domains (``workbench.domains``): each sub-package reads one kind of scientific data and defines its tasks, which
-register themselves in `workbench.registry.tasks` and are found through the ``workbench.tasks`` entry points.
+register themselves in `workbench.core.registry.tasks` and are found through the ``workbench.tasks`` entry points.
 Modules shared by several domains (signals, splits, plots) sit at this level; a domain never imports another
 domain's package.
 

@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from workbench.task import Evaluation
+from workbench.core.task import Evaluation
 
 #: Panels per row of `confusion_matrices` and the side of one panel [in]: four panels at 110 dpi stay within 1,400 px.
 PANELS_PER_ROW = 4

@@ -33,7 +33,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: Where `crop_or_pad` cuts a longer signal: keep its first samples, or the middle ones.
 CROPS: tuple[str, ...] = ("start", "center")

@@ -7,8 +7,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from workbench.errors import UserError
-from workbench.task import held_out_groups
+from workbench.core.errors import UserError
+from workbench.core.task import held_out_groups
 
 
 def split_subjects(subjects: Sequence[str], val_subjects: int, test_subjects: int, seed: int) -> dict[str, list[str]]:
@@ -37,7 +37,7 @@ def split_subjects(subjects: Sequence[str], val_subjects: int, test_subjects: in
 def held_out_subjects(
     groups: Sequence[str], split: Mapping[str, Sequence[str]], where: str, kind: str
 ) -> dict[str, list[str]]:
-    """`workbench.task.held_out_groups` for the tasks that stop training early on held-out subjects (EEG, physio): the
+    """`workbench.core.task.held_out_groups` for the tasks that stop training early on held-out subjects (EEG, physio): the
     fold must name validation ``kind``s too (``split["val"]``); none is taken from the training ones.
 
     Raises:

@@ -16,7 +16,7 @@ of both, for 100 Hz × 1000-sample records (PTB-XL ``records100``):
 ``ECGStudent``: the same with 1–2 conv blocks (stride 4), one transformer layer and a linear classifier.
 
 The merged ``qkv`` linear is what H-Tuning's LoRA targets; each model declares (``workbench_spec``, a
-`workbench.model.ModelSpec`) its LoRA target groups — every conv (``conv``), qkv (``qkv``), the attention output
+`workbench.core.model.ModelSpec`) its LoRA target groups — every conv (``conv``), qkv (``qkv``), the attention output
 (``attention``), the FFN (``ffn``) and the teacher's first head layer (``head``) — its head (the last
 ``classifier``, which LoRA methods train in full), its embedding hook (``features``) and braindecode's signal
 vocabulary (leads as ``chs_info``, 100 Hz). Normalisation is GroupNorm/LayerNorm and there is no dropout, so the
@@ -47,10 +47,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from workbench.checkpoint import check_architecture, load_model, save_model, saved_model_files
-from workbench.errors import UserError
-from workbench.model import ModelFamily, ModelSpec, SignalSpec
-from workbench.registry import models
+from workbench.core.checkpoint import check_architecture, load_model, save_model, saved_model_files
+from workbench.core.errors import UserError
+from workbench.core.model import ModelFamily, ModelSpec, SignalSpec
+from workbench.core.registry import models
 
 #: The shipped teacher, pretrained on the source site of the embedded data (card ``ecg-teacher-small``).
 SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "ecg_teacher_small.safetensors"

@@ -9,8 +9,8 @@ Papers:
 - ``shallow``: Schirrmeister et al., "Deep learning with convolutional neural networks for EEG decoding and
   visualization", Hum. Brain Mapp. 2017 (braindecode's ``ShallowFBCSPNet``).
 
-Every model declares (``workbench_spec``, a `workbench.model.ModelSpec`) braindecode's signal vocabulary
-(`workbench.model.SignalSpec`: ``n_chans``, ``n_outputs``, ``n_times``, ``sfreq``, ``chs_info``) and its head.
+Every model declares (``workbench_spec``, a `workbench.core.model.ModelSpec`) braindecode's signal vocabulary
+(`workbench.core.model.SignalSpec`: ``n_chans``, ``n_outputs``, ``n_times``, ``sfreq``, ``chs_info``) and its head.
 
 LaBraM cuts each channel into patches, embeds every patch with a small temporal convolution, adds a learned
 embedding of the *electrode* (one of the 128 names of braindecode's ``LABRAM_CHANNEL_ORDER``) and of the patch's
@@ -56,10 +56,10 @@ from braindecode.models import EEGNet, Labram, ShallowFBCSPNet
 from braindecode.models.labram import LABRAM_CHANNEL_ORDER, _Attention
 from torch import nn
 
-from workbench.checkpoint import check_architecture, load_model, load_tensors, save_model
-from workbench.errors import UserError
-from workbench.model import ModelFamily, ModelSpec, SignalSpec
-from workbench.registry import models
+from workbench.core.checkpoint import check_architecture, load_model, load_tensors, save_model
+from workbench.core.errors import UserError
+from workbench.core.model import ModelFamily, ModelSpec, SignalSpec
+from workbench.core.registry import models
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ LABRAM_VOCABULARY = {name.upper(): name for name in LABRAM_CHANNEL_ORDER}
 
 #: Where the shipped checkpoints live (the LaBraM backbones pretrained by `workbench.domains.eeg.pretrain`).
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
-#: Sizes a task gives every family (`workbench.checkpoint.check_architecture` compares them to a checkpoint).
+#: Sizes a task gives every family (`workbench.core.checkpoint.check_architecture` compares them to a checkpoint).
 EEG_SIZES = ("n_chans", "n_outputs", "n_times", "sfreq")
 
 #: LoRA target groups of `LabramClassifier` (fnmatch patterns over its module names).

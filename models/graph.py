@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.checkpoint import check_architecture, load_model, save_model, saved_model_files
-from workbench.errors import UserError
-from workbench.model import ModelFamily, ModelSpec
-from workbench.registry import models
+from workbench.core.checkpoint import check_architecture, load_model, save_model, saved_model_files
+from workbench.core.errors import UserError
+from workbench.core.model import ModelFamily, ModelSpec
+from workbench.core.registry import models
 
 ENCODERS = ("mixed", "gcn", "mlp")
 BRANCHES = ("low", "high", "full")
@@ -264,7 +264,7 @@ class GraphNet(nn.Module):
         dropout: dropout probability on the input of every encoder layer while training (0).
     """
 
-    #: What the model declares to the methods (`workbench.model.ModelSpec`).
+    #: What the model declares to the methods (`workbench.core.model.ModelSpec`).
     workbench_spec = ModelSpec(family="gnn", head="head", embedding="embed")
 
     def __init__(

@@ -27,11 +27,11 @@ from mace.modules.wrapper_ops import CUET_AVAILABLE
 from torch import nn
 from workbench.models.potentials import atomic_numbers_of, set_atomic_energies  # noqa: F401  (this module's API too)
 
-from workbench.checkpoint import load_model, save_tensors, write_json
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.model import ModelFamily, ModelSpec
-from workbench.registry import models
+from workbench.core.checkpoint import load_model, save_tensors, write_json
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.model import ModelFamily, ModelSpec
+from workbench.core.registry import models
 
 SHIPPED_CHECKPOINT = Path(__file__).parent / "checkpoints" / "mace_xtb_small.safetensors"
 

@@ -59,10 +59,10 @@ import torch.nn.functional as F
 from torch import nn
 from workbench.models.vq import VQConfig, VQTokenizer
 
-from workbench.checkpoint import check_state_fits, load_tensors, read_metadata, save_tensors
-from workbench.errors import UserError
-from workbench.model import ModelFamily, ModelSpec, active_adapters, plugins_of
-from workbench.registry import models
+from workbench.core.checkpoint import check_state_fits, load_tensors, read_metadata, save_tensors
+from workbench.core.errors import UserError
+from workbench.core.model import ModelFamily, ModelSpec, active_adapters, plugins_of
+from workbench.core.registry import models
 
 #: The shipped checkpoint (pretrained by `workbench.domains.medvl.pretrain`; card ``medvl-tiny``).
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "medvl-tiny.safetensors"
@@ -331,7 +331,7 @@ class MedVL(nn.Module):
 
     def kind_plugin(self, kind: str) -> contextlib.AbstractContextManager:
         """HealthGPT's hard router: a context in which the plug-in named ``kind`` acts, when a method gave the model
-        plug-ins (adapters chosen per input, `workbench.model.plugins_of`; H-LoRA's); one plug-in named ``shared``
+        plug-ins (adapters chosen per input, `workbench.core.model.plugins_of`; H-LoRA's); one plug-in named ``shared``
         serves both kinds (one adapter for both skills, the comparison H-LoRA's plug-ins are made against); a model
         with plug-ins but none of these names is a `UserError`; a no-op for a model without plug-ins."""
         self._check_kind(kind)

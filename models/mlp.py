@@ -19,10 +19,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from workbench.checkpoint import check_architecture, load_model, save_model, saved_model_files
-from workbench.errors import UserError
-from workbench.model import ModelFamily, ModelSpec
-from workbench.registry import models
+from workbench.core.checkpoint import check_architecture, load_model, save_model, saved_model_files
+from workbench.core.errors import UserError
+from workbench.core.model import ModelFamily, ModelSpec
+from workbench.core.registry import models
 
 
 class FeatureNet(nn.Module):
@@ -34,7 +34,7 @@ class FeatureNet(nn.Module):
         hidden: widths of the hidden layers; () makes a linear model.
     """
 
-    #: What the model declares to the methods (`workbench.model.ModelSpec`).
+    #: What the model declares to the methods (`workbench.core.model.ModelSpec`).
     workbench_spec = ModelSpec(family="mlp", head="head", embedding="features")
 
     def __init__(self, in_features: int, n_outputs: int, hidden: Sequence[int] = (64, 64)):

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.checkpoint import (
+from workbench.core.checkpoint import (
     check_architecture,
     load_model,
     load_tensors,
@@ -44,9 +44,9 @@ from workbench.checkpoint import (
     save_model,
     saved_model_files,
 )
-from workbench.errors import UserError
-from workbench.model import ModelFamily, ModelSpec, SignalSpec
-from workbench.registry import models
+from workbench.core.errors import UserError
+from workbench.core.model import ModelFamily, ModelSpec, SignalSpec
+from workbench.core.registry import models
 
 #: The rate [Hz] the shipped backbone was pretrained at (tasks resample to it, and say so).
 BACKBONE_RATE_HZ = 250.0

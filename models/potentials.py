@@ -13,7 +13,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 def atomic_numbers_of(model: nn.Module) -> list[int]:

@@ -38,10 +38,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.model import ModelFamily, ModelSpec
-from workbench.registry import models
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.model import ModelFamily, ModelSpec
+from workbench.core.registry import models
 
 #: Why this family cannot load without its extra (the registry shows it in ``workbench list`` and in the refusal of
 #: ``--model sevennet-0``).

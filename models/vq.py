@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 @dataclass(frozen=True)

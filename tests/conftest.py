@@ -51,7 +51,8 @@ def ethanol():
 def energy_forces(model, atomic_numbers):
     """``positions (n, 3) [Å] -> (energy () [eV], forces (n, 3) [eV/Å])`` of ``model``, for property checks."""
     from workbench.domains.atomistic.frames import Frame, collate, to_graphs
-    from workbench.device import device_of
+
+    from workbench.core.device import device_of
 
     def compute(positions: torch.Tensor):
         graphs = to_graphs(
@@ -66,7 +67,7 @@ def energy_forces(model, atomic_numbers):
 
 
 def outputs_on(atomic_numbers, positions):
-    """``model -> {"energy", "forces"}`` on a few frames (the ``outputs`` of workbench.testing checks)."""
+    """``model -> {"energy", "forces"}`` on a few frames (the ``outputs`` of workbench.core.testing checks)."""
 
     def outputs(model):
         energies, forces = zip(*(energy_forces(model, atomic_numbers)(torch.as_tensor(p)) for p in positions))

@@ -168,7 +168,7 @@ def fuzz_reader(
 ) -> Tally:  # fmt: skip
     """Run ``settings_``-many examples of ``strategy``: ``write(example)`` lays the files out and returns (read, names
     the error may cite); each read must keep `check_read_or_refused`'s contract. Prints and returns the tally."""
-    from workbench.errors import UserError
+    from workbench.core.errors import UserError
 
     tally = Tally(first_gate)
 

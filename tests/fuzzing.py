@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: Examples per reader in the default suite, and in the slow ``-k fuzz`` run.
 FUZZ_EXAMPLES = 20

@@ -1,6 +1,7 @@
 """Adding a model, a method and a domain touches no workbench file: the toy plug-ins in ``tests/data/toy_plugins``
 (one module each, the domain's data card beside it, one entry-point line each, as a third-party distribution
-declares them) are found through their entry points and run end to end by the command line (ARCHITECTURE.md, "Adding a plug-in")."""
+declares them) are found through their entry points and run end to end by the command line (ARCHITECTURE.md, "Adding a
+plug-in")."""
 
 from __future__ import annotations
 

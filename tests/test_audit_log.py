@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from workbench.cli import main
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 from workbench.serve.audit import FORMAT, GENESIS, AuditLog, verify_log
 
 

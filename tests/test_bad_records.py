@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from workbench import cli, report
-from workbench.records import ON_BAD_RECORD, BadRecordError, SkipReport
-from workbench.registry import tasks
-from workbench.task import Task
+from workbench import cli
+from workbench.core.records import ON_BAD_RECORD, BadRecordError, SkipReport
+from workbench.core.registry import tasks
+from workbench.core.task import Task
+from workbench.run import report
 
 
 def test_every_task_takes_the_policy():
@@ -109,8 +110,8 @@ def test_table_and_report_show_the_skipped_records():
 
 def test_a_default_batch_larger_than_the_data_shrinks_to_it_and_a_given_one_is_refused(tmp_path, caplog):
     """A real data set can be smaller than a task's default batch (one EEGMMIDB run holds 15 trials)."""
-    from workbench.errors import UserError
-    from workbench.run import _fitted_batch_size
+    from workbench.core.errors import UserError
+    from workbench.run.adapting import _fitted_batch_size
 
     config = dataclasses.replace(_any_config(), batch_size=16)
     assert _fitted_batch_size(config, 40, given=False).batch_size == 16
@@ -120,6 +121,6 @@ def test_a_default_batch_larger_than_the_data_shrinks_to_it_and_a_given_one_is_r
 
 
 def _any_config():
-    from workbench.config import RunRequest, resolve_config
+    from workbench.core.config import RunRequest, resolve_config
 
     return resolve_config(RunRequest(domain="features", out="x"))[0]

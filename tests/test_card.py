@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 pytest.importorskip("wfdb")
-from workbench.card import INTENDED_USE, card_text  # noqa: E402
 from workbench.cli import main  # noqa: E402
+from workbench.clinical.card import INTENDED_USE, card_text  # noqa: E402
 
 SECTIONS = ["## The run", "## Data provenance", "## Method", "## Metrics on the held-out test split", "## Calibration",
             "## Conformal prediction sets", "## Shift test", "## Known limits", "## Intended use"]

@@ -246,7 +246,7 @@ def test_unknown_names_and_options():
         (
             "ptbxl",
             "warmpot",
-            "method 'warmpot' needs a task that offers target_pool; task 'ptbxl' offers batch_loss, folds, predict",
+            "method 'warmpot' needs a task that offers target_pool; task 'ptbxl' offers folds, predict",
         ),
         ("csbm", "pada", "method 'pada' needs a task that exposes a batch's features and class logits"),
     ],

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from workbench import cli
-from workbench.registry import methods, models, tasks
+from workbench.cli.listing import _list
+from workbench.core.registry import methods, models, tasks
 
 
 def _help(capsys, monkeypatch, *args: str) -> str:
@@ -85,7 +86,7 @@ def test_list_columns_are_aligned_and_missing_extras_named_one_way(monkeypatch):
     has a line of its own); a plug-in whose library is missing is named with the pip command of its extra."""
     monkeypatch.setitem(tasks.unavailable, "eeg-example", "ModuleNotFoundError: No module named 'mne'")
     monkeypatch.setenv("COLUMNS", "100")
-    listing = cli._list()
+    listing = _list()
     names = {*tasks.names(), *models.names(), *methods.names()}
     names |= {f"{kind} {name}" for kind, r in (("task", tasks), ("model", models), ("method", methods))
               for name in r.unavailable}  # fmt: skip
@@ -115,9 +116,9 @@ def test_report_counts_epochs_from_1_and_its_columns_carry_units(caplog):
 
     import torch
 
-    from workbench import report
-    from workbench.config import RunRequest, resolve_config
-    from workbench.trainer import Trainer, TrainSettings
+    from workbench.core.config import RunRequest, resolve_config
+    from workbench.core.trainer import Trainer, TrainSettings
+    from workbench.run import report
 
     cost = {"trainable_parameters": 10, "seconds_per_epoch": 0.1, "training_step_bytes": 2**20, "epochs": 5,
             "best_epoch": 2}  # fmt: skip
@@ -145,7 +146,7 @@ def test_report_counts_epochs_from_1_and_its_columns_carry_units(caplog):
 
     settings = TrainSettings(epochs=10, batch_size=1, patience=2, ema_decay=None)
     trainer = Trainer(model, loss, lambda samples, device: samples, [0], [0], settings, progress=False)
-    with caplog.at_level("INFO", logger="workbench.trainer"):
+    with caplog.at_level("INFO", logger="workbench.core.trainer"):
         history = trainer.fit()
     assert len(history) == 3 and trainer.best["epoch"] == 0  # metrics.json's numbering
     assert "train: early stop after epoch 3 (best 1; from 1)" in caplog.text

@@ -110,7 +110,7 @@ def test_density_ratio_weights_from_the_workbench_estimator_follow_the_true_rati
 
 
 def test_too_few_items_for_a_density_ratio_is_a_clear_error():
-    from workbench.errors import UserError
+    from workbench.core.errors import UserError
 
     with pytest.raises(UserError, match="at least 2 calibration and 2 batch"):
         conformal.density_ratio_weights(np.zeros((5, 2)), np.zeros((1, 2)), estimator=None)

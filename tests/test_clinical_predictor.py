@@ -21,8 +21,8 @@ import workbench  # noqa: E402
 from workbench.clinical import calibration  # noqa: E402
 from workbench.clinical.fit import CLINICAL_JSON, CLINICAL_NPZ, RELIABILITY_PNG  # noqa: E402
 from workbench.clinical.predictor import ClinicalPredictor  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
-from workbench.seal import verify  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.seal import verify  # noqa: E402
 
 CLASSES = ["NORM", "MI", "STTC", "CD", "HYP"]
 

@@ -10,7 +10,7 @@ from scipy.stats import kstest
 from torch import nn
 
 from workbench.clinical import shift_alarm
-from workbench.model import ModelSpec
+from workbench.core.model import ModelSpec
 
 
 def test_the_statistic_is_the_biased_mmd2_by_its_definition():

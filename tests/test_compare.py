@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.cli import run as cli
-from workbench.comparison import CompareSpec, compare, fold_splits
-from workbench.comparison_report import Claim, verdicts
-from workbench.errors import UserError
+from workbench.comparison.design import CompareSpec, fold_splits
+from workbench.comparison.execute import compare
+from workbench.comparison.report import Claim, verdicts
+from workbench.core.errors import UserError
 
 #: A features comparison small enough for the default suite (the source model pretrains 20 steps).
 TINY = {"epochs": 1, "train_size": 60, "val_size": 20, "batch_size": 20, "task_options": {"pretrain_epochs": 20}}

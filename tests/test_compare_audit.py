@@ -12,11 +12,15 @@ import pytest
 import torch
 from conftest import EMBEDDED_RMD17, cli
 
-from workbench.cli import _chosen_plugins
-from workbench.comparison import CompareSpec, compare, data_fingerprint, kept_epoch, rerun_cell, source_commit
-from workbench.errors import UserError
-from workbench.registry import tasks
-from workbench.trainer import Trainer, TrainSettings
+from workbench.cli.parser import _chosen_plugins
+from workbench.comparison.cells import kept_epoch, source_commit
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.execute import compare
+from workbench.comparison.rerun import rerun_cell
+from workbench.core.errors import UserError
+from workbench.core.registry import tasks
+from workbench.core.trainer import Trainer, TrainSettings
+from workbench.run.fingerprint import data_fingerprint
 
 EPOCHS = 3
 #: Two methods × 2 folds × 1 seed of the features task, small enough for the default suite (~10 s).

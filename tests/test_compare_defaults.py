@@ -9,9 +9,13 @@ import shlex
 
 import pytest
 
-from workbench import cli, comparison, statistics
-from workbench.comparison import FIRST_REPORTED_SEED, CompareSpec, compare
-from workbench.comparison_report import design
+from workbench import cli
+from workbench.cli.compare import COMPARE_EXAMPLES, _compare_spec
+from workbench.cli.parser import build_parser, parse
+from workbench.comparison import cells, statistics
+from workbench.comparison.design import FIRST_REPORTED_SEED, CompareSpec
+from workbench.comparison.execute import compare
+from workbench.comparison.report import design
 
 #: A features comparison small enough for the default suite (as tests/test_compare.py's).
 TINY = {"epochs": 1, "train_size": 60, "val_size": 20, "batch_size": 20, "task_options": {"pretrain_epochs": 20}}
@@ -26,7 +30,7 @@ def test_the_default_design_has_enough_reported_seeds_for_a_verdict_and_the_cli_
     assert line.startswith(f"design: {spec.folds} folds × {len(spec.seeds)} seeds = {spec.folds * len(spec.seeds)} "
                            f"cells per method, {2 * spec.folds * len(spec.seeds)} in all")  # fmt: skip
     assert f"verdicts need ≥ {statistics.MIN_UNITS} units" in line
-    given = cli._compare_spec(cli.parse(["compare", "--domain", "features", "--methods", "full,warmpot"]))
+    given = _compare_spec(parse(["compare", "--domain", "features", "--methods", "full,warmpot"]))
     assert given == spec  # the command line's defaults are the spec's
 
 
@@ -47,13 +51,13 @@ def test_a_design_that_cannot_give_a_verdict_says_why_and_the_fix(methods, seeds
 def test_compare_says_its_design_before_the_first_cell_runs(tmp_path, capsys, caplog, monkeypatch):
     spec = CompareSpec("features", ("full",), folds=2, seeds=(0,), **TINY)
     printed_before_cells = []
-    real = comparison.run_cell
+    real = cells.run_cell
 
     def first_seeing(*args, **kwargs):  # the real cell, after noting what was printed before it
         printed_before_cells.append(capsys.readouterr().out)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(comparison, "run_cell", first_seeing)
+    monkeypatch.setattr(cells, "run_cell", first_seeing)
     compare(spec, tmp_path / "c")
     line, problem = design(spec)
     assert line.startswith("design: 2 folds × 1 seed = 2 cells per method, 2 in all")
@@ -71,12 +75,12 @@ def test_compare_plan_states_the_same_design(capsys):
             "0.02"]  # fmt: skip
     assert cli.run(argv) == 0
     printed = capsys.readouterr().out.splitlines()
-    line, problem = design(cli._compare_spec(cli.parse(argv)))
+    line, problem = design(_compare_spec(parse(argv)))
     assert line in printed and problem in printed
 
 
 def _compare_parser() -> argparse.ArgumentParser:
-    commands = next(a for a in cli.build_parser({})._actions if isinstance(a, argparse._SubParsersAction))
+    commands = next(a for a in build_parser({})._actions if isinstance(a, argparse._SubParsersAction))
     return commands.choices["compare"]
 
 
@@ -87,13 +91,13 @@ def test_compare_help_shows_examples_that_parse_and_every_default(capsys, monkey
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert "(default: steps)" in " ".join(text.split("--budget")[1].split()[:20])
-    examples = cli.COMPARE_EXAMPLES.splitlines()[1:]
+    examples = COMPARE_EXAMPLES.splitlines()[1:]
     assert 3 <= len(examples) <= 5 and all(example in text for example in examples)
     for example in examples:  # each a real command line: it parses and its spec passes the checks
         words = shlex.split(example.split("#")[0].replace("TASK", "features").replace("A,B,C", "full,warmpot,pada")
                             .replace("A,B", "full,warmpot").replace("--learner B", "--learner warmpot"))
         assert words[:2] == ["workbench", "compare"]
-        cli._compare_spec(cli.parse(words[1:])).check()
+        _compare_spec(parse(words[1:])).check()
     for action in _compare_parser()._actions:
         if action.default not in (None, False, [], argparse.SUPPRESS):
             assert "(default" in action.help, action.option_strings

@@ -1,4 +1,4 @@
-"""Fixed costs paid once per comparison (`workbench.reuse`): the same numbers in every cell as computed alone."""
+"""Fixed costs paid once per comparison (`workbench.core.reuse`): the same numbers in every cell as computed alone."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from workbench import reuse
-from workbench.comparison import CompareSpec, compare
+from workbench.comparison.design import CompareSpec
+from workbench.comparison.execute import compare
+from workbench.core import reuse
 
 
 def cell_metrics(out: Path) -> dict[str, dict]:

@@ -19,8 +19,8 @@ from conftest import EMBEDDED_RMD17, ROOT, energy_forces, outputs_on, randomize_
 from workbench.adaptation import elora
 from workbench.models.mace import load_mace
 
-from workbench.errors import UserError
-from workbench.testing import assert_merge_equivalent, assert_rotation_equivariant
+from workbench.core.errors import UserError
+from workbench.core.testing import assert_merge_equivalent, assert_rotation_equivariant
 
 cuet = pytest.importorskip("cuequivariance_torch")
 from workbench.models.mace import to_cueq  # noqa: E402

@@ -26,4 +26,4 @@ def test_mkdocs_build_is_clean(tmp_path):
             assert line[3:].split("`")[0].strip() in architecture, line
     assert "<!-- rendered: ecg_htuning -->" in (site / "domains" / "ecg" / "index.html").read_text()
     api = (site / "api" / "plugins" / "index.html").read_text()
-    assert 'id="workbench.task.Task"' in api and 'id="workbench.method.Method"' in api
+    assert 'id="workbench.core.task.Task"' in api and 'id="workbench.core.method.Method"' in api

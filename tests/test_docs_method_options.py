@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mkdocs.exceptions import PluginError  # the "test" extra installs mkdocs
 
-from workbench.registry import methods
+from workbench.core.registry import methods
 
 HOOK = Path(__file__).resolve().parents[1] / "docs" / "hooks" / "method_options.py"
 

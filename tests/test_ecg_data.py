@@ -27,8 +27,8 @@ from workbench.domains.ecg.readers import (  # noqa: E402
 from workbench.domains.ecg.wfdb_record import read_raw_record, read_record  # noqa: E402
 from workbench.domains.signal import bandpass, crop_or_pad, resample, zscore  # noqa: E402
 
-from workbench.errors import UserError  # noqa: E402
-from workbench.records import BadRecordError  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.records import BadRecordError  # noqa: E402
 
 PTBXL_NAMES = ["I", "II", "III", "AVR", "AVL", "AVF", "V1", "V2", "V3", "V4", "V5", "V6"]
 SMALL = EcgPreprocessing(sampling_rate_hz=100, n_samples=1000)

@@ -18,8 +18,8 @@ from workbench.models.ecg import (
     select_leads,
 )
 
-from workbench.errors import UserError
-from workbench.testing import assert_identity_at_init, assert_merge_equivalent, assert_only_trainable_change
+from workbench.core.errors import UserError
+from workbench.core.testing import assert_identity_at_init, assert_merge_equivalent, assert_only_trainable_change
 
 BCE = F.binary_cross_entropy_with_logits
 
@@ -131,7 +131,7 @@ def outputs_on(ecg):
     return lambda model: {"logits": model(ecg)}
 
 
-def test_lora_identity_merge_and_only_adapters_train():
+def test_lora_identity_merge_and_only_adapterstrain_stages():
     ecg, labels = tiny_batch()
     base = tiny_encoder()
     method = lora.LoRA()
@@ -261,10 +261,10 @@ def test_in_run_step_memory_ranks_full_above_htuning():
 
     from workbench.domains.ecg.task import EcgSample, PtbXl
 
-    from workbench.method import PlanInputs
-    from workbench.registry import methods
-    from workbench.run import _training_step_bytes
-    from workbench.trainer import TrainSettings
+    from workbench.core.method import PlanInputs
+    from workbench.core.registry import methods
+    from workbench.core.trainer import TrainSettings
+    from workbench.run.stages import step_bytes as stage_step_bytes
 
     ecg, labels = tiny_batch(n=6, dtype=torch.float32)
     train = [EcgSample(e.numpy(), y.numpy(), str(i)) for i, (e, y) in enumerate(zip(ecg, labels))]
@@ -276,7 +276,7 @@ def test_in_run_step_memory_ranks_full_above_htuning():
         model = method.prepare(tiny_encoder(dtype=torch.float32))
         method.setup(task, model, data, 0)
         stage = method.plan(task, model, data, PlanInputs(settings))[-1]
-        step_bytes[name] = _training_step_bytes(stage, task, model, data, torch.device("cpu"))
+        step_bytes[name] = stage_step_bytes(stage, task, model, data, torch.device("cpu"))
     weights = 4 * sum(p.numel() for p in tiny_encoder().parameters())
     assert step_bytes["full"] > 4 * weights  # at least a gradient and three Adam/EMA copies of every weight
     assert step_bytes["full"] > 1.5 * step_bytes["htuning"] > 0, step_bytes
@@ -444,7 +444,7 @@ def test_time_cutmix_swaps_one_segment_with_a_partner_record():
 def test_htuning_saves_its_adapter_under_the_file_names_earlier_runs_used():
     """Run files name LoRA factors as PEFT's files do (``<module>.lora_A.weight``), not by the in-memory adapter
     name (``<module>.lora_A.default.weight``): adapters written before one layer held several still load."""
-    from workbench.registry import methods
+    from workbench.core.registry import methods
 
     method = methods.get("htuning")(rank=2, alpha=2.0)
     model = method.prepare(tiny_encoder(dtype=torch.float32))

@@ -12,7 +12,7 @@ from workbench.domains.ecg.readers import EMBEDDED_PTBXL
 
 import workbench
 from workbench.cli import main
-from workbench.metrics import choose_thresholds
+from workbench.core.metrics import choose_thresholds
 
 RECORDS = EMBEDDED_PTBXL / "records100" / "00000"
 

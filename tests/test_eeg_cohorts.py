@@ -9,7 +9,7 @@ import pytest
 from scipy.signal import welch
 from workbench.domains.eeg import sleep_simulator
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 FS = sleep_simulator.PSG_RATE_HZ
 EPOCH = sleep_simulator.EPOCH_S * FS

@@ -18,7 +18,7 @@ import pytest
 from scipy.signal import butter, sosfiltfilt, welch
 from workbench.domains.eeg import generate, motor_simulator, sleep_simulator
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 EMBEDDED = Path(generate.__file__).parent / "embedded"
 SLEEP = EMBEDDED / "sleep-edf"

@@ -11,10 +11,10 @@ from torch import nn
 from workbench.adaptation import lora
 from workbench.models.eeg import LABRAM_TARGET_GROUPS, LabramClassifier, load_eeg_model, save_eeg_model
 
-from workbench.checkpoint import save_tensors
-from workbench.errors import UserError
-from workbench.model import SignalSpec
-from workbench.registry import models
+from workbench.core.checkpoint import save_tensors
+from workbench.core.errors import UserError
+from workbench.core.model import SignalSpec
+from workbench.core.registry import models
 
 #: BCI Competition IV 2a's 22 EEG channels (10-20 names), 250 Hz, 2 s windows.
 BCI_IV_2A = ["Fz", "FC3", "FC1", "FCz", "FC2", "FC4", "C5", "C3", "C1", "Cz", "C2", "C4", "C6", "CP3", "CP1", "CPz",

@@ -26,7 +26,7 @@ from workbench.domains.eeg.sleepedf import SLEEP_EDF_CHANNELS, read_sleep_edf  #
 from workbench.domains.eeg.task import EMBEDDED_SLEEP, SLEEP_CHANNEL_MAP  # noqa: E402
 from workbench.models.eeg import LabramClassifier  # noqa: E402
 
-from workbench.registry import models, tasks  # noqa: E402
+from workbench.core.registry import models, tasks  # noqa: E402
 
 MOTOR_9 = ["FC3", "FCz", "FC4", "C3", "Cz", "C4", "CP3", "CPz", "CP4"]
 

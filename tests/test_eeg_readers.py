@@ -28,7 +28,7 @@ from workbench.domains.eeg import (
 )
 from workbench.domains.eeg.motor import bci_iv_2a_trials
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 GDF_1CH = Path(__file__).parent / "data" / "eeg" / "test_1ch.gdf"
 START = datetime.datetime(1989, 4, 24, 22, 0, 0, tzinfo=datetime.timezone.utc)

@@ -24,8 +24,8 @@ from workbench.domains.eeg.window_task import LBM_LORA, scale_windows  # noqa: E
 from workbench.domains.splits import split_subjects  # noqa: E402
 
 import workbench  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
-from workbench.registry import tasks  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.registry import tasks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -186,7 +186,7 @@ def test_annotations_past_the_end_of_the_recording_are_named(tmp_path):
 def test_a_model_built_for_other_windows_is_refused(tmp_path):
     from workbench.models.eeg import save_eeg_model
 
-    from workbench.registry import models
+    from workbench.core.registry import models
 
     model = models.get("labram")().load(
         n_chans=2,
@@ -215,7 +215,7 @@ def test_the_command_line_exits_2_without_a_traceback_or_a_run_directory(tmp_pat
 
 
 def test_lora_runs_in_the_lbm_setting_and_the_users_flags_win():
-    from workbench.config import RunRequest, resolve_config
+    from workbench.core.config import RunRequest, resolve_config
 
     config, _ = resolve_config(RunRequest(domain="motor-imagery"))
     assert config.method == "lora" and {k: config.method_options[k] for k in LBM_LORA} == LBM_LORA

@@ -12,8 +12,8 @@ from torch.nn.utils import parametrize
 from workbench.adaptation import elora
 from workbench.domains.atomistic.frames import Frame, collate, to_graphs
 
-from workbench.errors import UserError
-from workbench.testing import (
+from workbench.core.errors import UserError
+from workbench.core.testing import (
     assert_identity_at_init,
     assert_merge_equivalent,
     assert_only_trainable_change,

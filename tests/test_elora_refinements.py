@@ -17,9 +17,9 @@ from workbench.adaptation import elora
 from workbench.domains.atomistic.frames import Frame, collate, to_graphs
 
 import workbench
-from workbench.checkpoint import load_tensors, read_metadata
-from workbench.errors import UserError
-from workbench.testing import assert_identity_at_init, rotation_equivariance_error
+from workbench.core.checkpoint import load_tensors, read_metadata
+from workbench.core.errors import UserError
+from workbench.core.testing import assert_identity_at_init, rotation_equivariance_error
 
 RANK, ALPHA = 4, 8.0
 EMBEDDED = EMBEDDED_RMD17 / "npz_data" / "rmd17_ethanol.npz"

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.checkpoint import load_tensors, save_tensors, write_text
-from workbench.config import MethodEntry, RunConfig, RunRequest, resolve_config
-from workbench.datacard import DataCard, check_fields, load_card
-from workbench.errors import UserError
-from workbench.registry import Registry, methods, models, tasks
+from workbench.core.checkpoint import load_tensors, save_tensors, write_text
+from workbench.core.config import MethodEntry, RunConfig, RunRequest, resolve_config
+from workbench.core.datacard import DataCard, check_fields, load_card
+from workbench.core.errors import UserError
+from workbench.core.registry import Registry, methods, models, tasks
 
 
 def test_builtin_plugins_are_found_through_entry_points():
@@ -139,7 +139,7 @@ def test_tensor_memory_counts_live_allocations_exactly():
     """A (1000, 1000) float32 tensor is 4e6 bytes; views and in-place results are not new memory; freed ones leave."""
     import torch
 
-    from workbench.memory import TensorMemory
+    from workbench.core.memory import TensorMemory
 
     before = torch.ones(1000)  # made before the block: never counted, even when an operator returns it
     with TensorMemory(torch.device("cpu")) as memory:
@@ -163,7 +163,7 @@ def test_training_step_bytes_sees_gradients_and_optimizer_state():
     """A step of a bias-free (1000, 1000) linear layer holds its gradient; Adam's two more weight-sized tensors."""
     import torch
 
-    from workbench.memory import training_step_bytes
+    from workbench.core.memory import training_step_bytes
 
     weight_bytes = 4_000_000
 
@@ -194,7 +194,7 @@ def test_peak_memory_is_per_block_not_the_process_high_water_mark():
     """A 64 MiB block is seen by its own measurement and not by a later, small one."""
     import torch
 
-    from workbench.memory import PeakMemory
+    from workbench.core.memory import PeakMemory
 
     with PeakMemory(torch.device("cpu")) as big:
         x = torch.ones(16 * 2**20)  # 64 MiB of float32, written (resident)
@@ -212,7 +212,7 @@ def test_the_architecture_stage_table_names_every_stage_field():
     import dataclasses
     import re
 
-    from workbench.method import Stage
+    from workbench.core.method import Stage
 
     text = (Path(__file__).parents[1] / "ARCHITECTURE.md").read_text()
     section = text.split("### A method owns its training plan", 1)[1].split("\n\n|", 1)[1].split("\n\n", 1)[0]

@@ -13,7 +13,7 @@ from workbench.domains.features.readers import read_feature_pair
 from workbench.domains.features.task import FeatureShift
 
 import workbench as wb
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 def write_pair(folder, source_ext="npz", target_ext="csv", n=40, d=3, **replace):

@@ -19,8 +19,8 @@ import torch
 from workbench.domains.ecg.readers import EMBEDDED_PTBXL
 
 import workbench
-from workbench.errors import UserError
-from workbench.registry import tasks
+from workbench.core.errors import UserError
+from workbench.core.registry import tasks
 
 CINC = Path(__file__).parent / "data" / "real" / "ecg" / "cinc2021"
 #: Metrics the csbm task scores on the target's test nodes (``source_accuracy`` is on source nodes: `evaluate` of a

@@ -15,8 +15,8 @@ pytest.importorskip("edfio")
 pytest.importorskip("wfdb")
 
 import workbench  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
-from workbench.registry import tasks  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.registry import tasks  # noqa: E402
 
 TINY = {"epochs": 1, "train_size": 12, "val_size": 6, "batch_size": 6, "baselines": (), "quiet": True}
 #: (task, task options, the fold's validation and test groups, the group of a sample)

@@ -19,7 +19,7 @@ from workbench.domains.medvl.generate import generate  # noqa: E402
 from workbench.domains.medvl.task import MedVLTask  # noqa: E402
 
 import workbench  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 pytest.importorskip("mace")
 from workbench.domains.atomistic.readers import BadFrames, read_ase_set, read_rmd17, read_sgdml  # noqa: E402
 
-from workbench.errors import UserError  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
 
 REAL = Path(__file__).parent / "data" / "real" / "atomistic"
 SGDML = REAL / "md17_ethanol_first300.npz"

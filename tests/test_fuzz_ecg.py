@@ -25,8 +25,8 @@ from workbench.domains.ecg.readers import EMBEDDED_PTBXL, read_cinc2021, read_pt
 from workbench.domains.ecg.task import PREPROCESSING  # noqa: E402
 from workbench.domains.ecg.wfdb_record import read_record  # noqa: E402
 
-from workbench.errors import UserError  # noqa: E402
-from workbench.records import BadRecordError  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.records import BadRecordError  # noqa: E402
 
 CINC = Path(__file__).parent / "data" / "real" / "ecg" / "cinc2021"
 PTBXL_RECORD = EMBEDDED_PTBXL / "records100" / "00000" / "00001_lr"

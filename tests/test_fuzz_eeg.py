@@ -30,7 +30,7 @@ from test_eeg_readers import T_EVENTS, _bnci_run, gdf_with_events  # noqa: E402
 from workbench.domains.eeg.motor import read_bci_iv_2a, read_bnci_2a_mat, read_eegmmidb  # noqa: E402
 from workbench.domains.eeg.sleepedf import read_sleep_edf  # noqa: E402
 
-from workbench.errors import UserError  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
 
 REAL = Path(__file__).parent / "data" / "real" / "eeg"
 EMBEDDED_SLEEP = Path(__file__).parents[1] / "domains" / "eeg" / "embedded" / "sleep-edf" / "sleep-cassette"

@@ -21,7 +21,7 @@ from fuzzing import deep, fuzz, mutated
 from hypothesis import strategies as st
 from workbench.domains.features.readers import read_feature_pair
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 REAL = Path(__file__).parent / "data" / "real" / "features" / "diabetes-by-age"
 FIRST_GATE = ("not a readable",)

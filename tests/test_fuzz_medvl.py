@@ -33,8 +33,8 @@ from pydicom.data import get_testdata_file  # noqa: E402
 from workbench.domains.medvl.images import load_image  # noqa: E402
 from workbench.domains.medvl.readers import VlSample, read_folder, read_json  # noqa: E402
 
-from workbench.errors import UserError  # noqa: E402
-from workbench.records import BadRecordError, SkipReport  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.records import BadRecordError, SkipReport  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ROOT / "domains" / "medvl" / "embedded"

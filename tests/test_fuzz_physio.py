@@ -21,8 +21,8 @@ pytest.importorskip("wfdb")
 from workbench.domains.physio.beats import read_annotated_beats, read_beat_folder  # noqa: E402
 from workbench.domains.physio.task import EMBEDDED  # noqa: E402
 
-from workbench.errors import UserError  # noqa: E402
-from workbench.records import BadRecordError  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.records import BadRecordError  # noqa: E402
 
 MITDB = Path(__file__).parent / "data" / "real" / "physio" / "mitdb"
 HEADER = (MITDB / "100.hea").read_bytes()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.placement_harness import placement_harness
+from workbench.core.placement_harness import placement_harness
 
 pytest.importorskip("cuequivariance_torch")
 pytest.importorskip("httpx")

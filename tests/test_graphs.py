@@ -20,7 +20,7 @@ from workbench.domains.graphs.task import CSBMTask
 from workbench.models.graph import GraphNet, MixedFilterEncoder, normalized_adjacency
 
 import workbench as wb
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 def small_pair(**settings):
@@ -114,7 +114,7 @@ def test_gcn_baseline_uses_the_same_normalised_adjacency():
 def test_each_encoder_is_a_registered_model_of_the_graph_sizes(tmp_path):
     from workbench.models.graph import save_graph_net
 
-    from workbench.registry import models
+    from workbench.core.registry import models
 
     graph, _ = small_pair()
     for name, kind in (("gnn", "mixed"), ("gcn", "gcn"), ("graph-mlp", "mlp")):
@@ -155,7 +155,7 @@ def test_alignment_gradients_reach_both_domains_and_pseudo_labels_respect_the_th
 
 
 def test_pseudo_labels_wait_for_the_warmup_and_options_are_checked():
-    from workbench.registry import methods
+    from workbench.core.registry import methods
 
     method = methods.get("homophily")(pseudo_warmup=0.5)
     method.start_epoch(4, 10)

@@ -16,11 +16,11 @@ from workbench.adaptation.hlora import GROUPS, HLoRA, HLoRAMixed, HLoRAPlainLoRA
 from workbench.models.medvl import MedVL, MedVLConfig
 from workbench.models.vq import VQConfig
 
-from workbench.errors import UserError
-from workbench.method import PlanInputs
-from workbench.run import _train
-from workbench.task import TaskData
-from workbench.trainer import TrainSettings
+from workbench.core.errors import UserError
+from workbench.core.method import PlanInputs
+from workbench.core.task import TaskData
+from workbench.core.trainer import TrainSettings
+from workbench.run.stages import train_stages
 
 WORDS = "is there a lesion in the upper lower left right quadrant ? yes no . , what modality ct mr image".split()
 QUESTIONS = ["is there a lesion?", "what modality is this image?", "is there a lesion in the upper left quadrant?"]
@@ -189,7 +189,7 @@ def test_the_three_stages_train_what_they_say(tmp_path):
     history = []
     for stage in method.plan(task, model, data, PlanInputs(settings)):  # one stage at a time, as the run does
         start = snapshot(model)
-        history += _train([stage], task, model, tmp_path / f"{stage.name}.pt", "cpu", False, "hlora", False)
+        history += train_stages([stage], task, model, tmp_path / f"{stage.name}.pt", "cpu", False, "hlora", False)
         seen[stage.name] = changed(model, start)
     assert [h["stage"] for h in history] == ["align", "embed", "adapt"]
     assert method.updates([(h["stage"], h["steps"]) for h in history]) == method.updates()  # the trainer's steps
@@ -219,8 +219,8 @@ def test_mixed_training_is_one_stage_of_everything(tmp_path):
     model = method.prepare(tiny())
     settings = TrainSettings(epochs=1, batch_size=4, learning_rate=1e-2, ema_decay=None, patience=10)
     task = ToyTask(model)
-    history = _train(method.plan(task, model, toy_data(model), PlanInputs(settings)), task, model, tmp_path / "m.pt",
-                     "cpu", False, "x", False)  # fmt: skip
+    stages = method.plan(task, model, toy_data(model), PlanInputs(settings))
+    history = train_stages(stages, task, model, tmp_path / "m.pt", "cpu", False, "x", False)
     assert [(h["stage"], h["steps"]) for h in history] == [("mixed", 3)]
     assert method.updates([(h["stage"], h["steps"]) for h in history]) == method.updates() == dict.fromkeys(GROUPS, 3)
     trained = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -257,8 +257,8 @@ def test_question_answering_only_data_get_the_comprehension_plugin_alone_and_ali
     task = ToyTask(model)
     settings = TrainSettings(epochs=1, batch_size=2, learning_rate=1e-2, ema_decay=None, patience=10)
     before = snapshot(model)
-    history = _train(hlora.plan(task, model, data, PlanInputs(settings)), task, model, tmp_path / "m.pt", "cpu", False,
-                     "qa", False)  # fmt: skip
+    stages = hlora.plan(task, model, data, PlanInputs(settings))
+    history = train_stages(stages, task, model, tmp_path / "m.pt", "cpu", False, "qa", False)
     assert [h["stage"] for h in history] == ["align", "embed", "adapt"]
     moved = changed(model, before)
     assert moved & {n for n in before if n.startswith("projector_comprehension.")}

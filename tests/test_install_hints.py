@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.errors import UserError
-from workbench.registry import Registry, extra_of, install_command, missing_distribution
-from workbench.task import Task
+from workbench.core.errors import UserError
+from workbench.core.registry import Registry, extra_of, install_command, missing_distribution
+from workbench.core.task import Task
 
 
 def test_a_task_whose_library_is_missing_names_the_install_command():

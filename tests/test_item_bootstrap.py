@@ -1,5 +1,5 @@
-"""Intervals over a run's test items (`workbench.item_bootstrap`), the vectorised metrics behind them
-(`workbench.resampled_metrics`, checked against `workbench.metrics`) and every task's `Task.rescore`."""
+"""Intervals over a run's test items (`workbench.run.item_bootstrap`), the vectorised metrics behind them
+(`workbench.core.resampled_metrics`, checked against `workbench.core.metrics`) and every task's `Task.rescore`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 import torch
 from scipy import stats
 
-from workbench import item_bootstrap, metrics, report, resampled_metrics
-from workbench.registry import tasks
-from workbench.task import Task
+from workbench.core import metrics, resampled_metrics
+from workbench.core.registry import tasks
+from workbench.core.task import Task
+from workbench.run import item_bootstrap, report
 
 
 def _mean_intervals(values, groups, seed=0):
@@ -103,7 +104,7 @@ def test_paired_differences_of_a_model_with_itself_are_exactly_zero_and_undefine
     assert item_bootstrap.percentile_interval(values) == pytest.approx(np.percentile(np.arange(905.0), [2.5, 97.5]))
 
 
-# ------------------------------------------------------------------- resampled metrics against workbench.metrics
+# ------------------------------------------------------------------- resampled metrics against workbench.core.metrics
 def _resamples(n, rng, count=20):
     return [rng.integers(0, n, n) for _ in range(count)]
 
@@ -235,7 +236,7 @@ def test_the_table_shows_intervals_the_test_size_and_a_caution_when_the_best_bas
 def test_report_md_has_the_paired_differences_and_the_caution():
     import types
 
-    from workbench.config import RunRequest, resolve_config
+    from workbench.core.config import RunRequest, resolve_config
 
     config = resolve_config(RunRequest(domain="features", out="x"))[0]
     text = report.markdown(config, types.SimpleNamespace(source="x"), _metrics(-0.15, 0.04), [], ("auc",),
@@ -252,7 +253,7 @@ def test_a_run_writes_intervals_and_resume_rebuilds_them_from_the_saved_predicti
     import json
 
     import workbench as wb
-    from workbench import run as run_module
+    from workbench.run import adapting as run_module
 
     finished = wb.adapt(domain="features", out=str(tmp_path / "run"), epochs=2, train_size=200, quiet=True)
     written = json.loads((finished.path / "metrics.json").read_text())

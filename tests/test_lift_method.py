@@ -9,10 +9,10 @@ from test_lora_variants_options import Net
 from torch.optim import optimizer as torch_optimizer
 from workbench.adaptation import lift
 
-from workbench.errors import UserError
-from workbench.method import PlanInputs
-from workbench.registry import methods
-from workbench.trainer import TrainSettings
+from workbench.core.errors import UserError
+from workbench.core.method import PlanInputs
+from workbench.core.registry import methods
+from workbench.core.trainer import TrainSettings
 
 
 def setup(interval: int = 3):

@@ -16,9 +16,9 @@ from torch import nn
 from torch.nn.utils import parametrize
 from workbench.adaptation import lora
 
-from workbench.errors import UserError
-from workbench.model import ModelSpec
-from workbench.testing import assert_only_trainable_change
+from workbench.core.errors import UserError
+from workbench.core.model import ModelSpec
+from workbench.core.testing import assert_only_trainable_change
 
 TARGETS = ["conv1d", "conv2d", "attention.qkv", "attention.proj"]
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from workbench.adaptation import lora
 
-from workbench.checkpoint import read_metadata
-from workbench.errors import UserError
+from workbench.core.checkpoint import read_metadata
+from workbench.core.errors import UserError
 
 TARGETS = ["conv", "fc"]
 

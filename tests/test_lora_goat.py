@@ -17,10 +17,10 @@ from torch import nn
 from workbench.adaptation import lora
 from workbench.adaptation.lora.config import GOAT_RHO
 
-from workbench.errors import UserError
-from workbench.method import PlanInputs
-from workbench.registry import methods
-from workbench.trainer import TrainSettings
+from workbench.core.errors import UserError
+from workbench.core.method import PlanInputs
+from workbench.core.registry import methods
+from workbench.core.trainer import TrainSettings
 
 
 class Net(nn.Module):
@@ -164,7 +164,7 @@ def test_adapter_file_reloads_the_same_function(tmp_path):
 @pytest.mark.slow  # ~40 s under load: a whole ptbxl run
 def test_a_goat_run_through_the_engine_reloads_to_the_model_it_trained(tmp_path):
     import workbench
-    from workbench.run import Run
+    from workbench.core.finished import Run
 
     out = tmp_path / "run"
     tiny = dict(epochs=1, train_size=8, val_size=8, batch_size=8, baselines=[], quiet=True)

@@ -14,9 +14,9 @@ from torch import nn
 from workbench.adaptation import lora
 from workbench.adaptation.lora.plugins import FILE_KIND
 
-from workbench.checkpoint import read_metadata
-from workbench.errors import UserError
-from workbench.model import ModelSpec
+from workbench.core.checkpoint import read_metadata
+from workbench.core.errors import UserError
+from workbench.core.model import ModelSpec
 
 LANGUAGE = ("model.layers.*.self_attn.*_proj", "model.layers.*.mlp.*_proj")
 

@@ -10,7 +10,7 @@ from workbench.adaptation import lora
 from workbench.adaptation.lora import variants
 from workbench.adaptation.lora.variants.base import LoraVariant
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 class Gate(nn.Module):

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from torch import nn
 from workbench.adaptation import lora
 
-from workbench.errors import UserError
-from workbench.options import resolve_options
+from workbench.core.errors import UserError
+from workbench.core.options import resolve_options
 
 import peft  # isort: skip
 
@@ -347,7 +347,7 @@ def test_lora_one_refuses_other_inits_and_layers_off_the_loss_path():
 def test_a_method_sets_lora_one_from_the_task_loss_over_the_training_samples(method_name, monkeypatch):
     from workbench.adaptation.lora import method as lora_method
 
-    from workbench.registry import methods, tasks
+    from workbench.core.registry import methods, tasks
 
     task = tasks.get("ptbxl")()
     task.progress = False

@@ -11,10 +11,10 @@ from torch import nn
 from workbench.adaptation import lora
 from workbench.adaptation.lora import flat
 
-from workbench.errors import UserError
-from workbench.method import PlanInputs
-from workbench.registry import methods
-from workbench.trainer import TrainSettings
+from workbench.core.errors import UserError
+from workbench.core.method import PlanInputs
+from workbench.core.registry import methods
+from workbench.core.trainer import TrainSettings
 
 
 class Net(nn.Module):

@@ -18,9 +18,9 @@ from PIL import Image
 from workbench.domains.medvl import generate as gen
 from workbench.domains.medvl.readers import ReadReport, detect_layout, read_folder, read_json
 
-from workbench.datacard import load_card
-from workbench.errors import UserError
-from workbench.records import BadRecordError, SkipReport
+from workbench.core.datacard import load_card
+from workbench.core.errors import UserError
+from workbench.core.records import BadRecordError, SkipReport
 
 ndimage = pytest.importorskip("scipy.ndimage")  # the label maps' components and erosions (scipy: not a medvl need)
 

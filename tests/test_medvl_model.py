@@ -29,8 +29,8 @@ from workbench.models.medvl import (
 )
 from workbench.models.vq import VQConfig, VQTokenizer, psnr, ssim
 
-from workbench.errors import UserError
-from workbench.registry import models
+from workbench.core.errors import UserError
+from workbench.core.registry import models
 
 WORDS = "is there a lesion in the upper lower left right quadrant ? yes no . , what modality ct mr image".split()
 QUESTIONS = [

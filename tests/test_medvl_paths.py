@@ -20,8 +20,8 @@ from workbench.domains.medvl.images import MAX_IMAGE_PIXELS, load_image  # noqa:
 from workbench.domains.medvl.readers import read_json  # noqa: E402
 
 from workbench.cli import main  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
-from workbench.paths import PathOutsideData  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.paths import PathOutsideData  # noqa: E402
 
 EMBEDDED = Path(__file__).resolve().parents[1] / "domains" / "medvl" / "embedded"
 MEVF = Path(__file__).parent / "data" / "real" / "medvl" / "vqa_rad_mevf"

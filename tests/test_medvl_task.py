@@ -21,7 +21,7 @@ from workbench.domains.medvl.generate import generate  # noqa: E402
 from workbench.domains.medvl.images import load_image  # noqa: E402
 
 import workbench  # noqa: E402
-from workbench.registry import tasks  # noqa: E402
+from workbench.core.registry import tasks  # noqa: E402
 
 TINY = {"epochs": 1, "train_size": 48, "val_size": 16, "batch_size": 16, "quiet": True}
 

@@ -11,9 +11,9 @@ from conftest import outputs_on, randomize_trainable, small_mace
 from workbench.domains.atomistic.frames import Frame, collate, to_graphs
 from workbench.models.mlp import FeatureNet
 
-from workbench.checkpoint import load_tensors, save_tensors
-from workbench.registry import methods
-from workbench.testing import assert_identity_at_init, assert_merge_equivalent, assert_only_trainable_change
+from workbench.core.checkpoint import load_tensors, save_tensors
+from workbench.core.registry import methods
+from workbench.core.testing import assert_identity_at_init, assert_merge_equivalent, assert_only_trainable_change
 
 
 def mace_case(ethanol):

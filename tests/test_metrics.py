@@ -1,4 +1,4 @@
-"""workbench.metrics: every number against a closed-form count on small hand-made arrays, plus the edge cases."""
+"""workbench.core.metrics: every number against a closed-form count on small hand-made arrays, plus the edge cases."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("sklearn")
-from workbench import metrics  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
+from workbench.core import metrics  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
 
 # Six samples, three classes. Recalls: class 0 1/2, class 1 2/2, class 2 1/2. Counts (tp, fp, fn):
 # class 0 (1, 1, 1), class 1 (2, 1, 0), class 2 (1, 0, 1). Marginals: truth 2/6 each, predicted 2/6, 3/6, 1/6.

@@ -28,8 +28,8 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from workbench.errors import UserError
-from workbench.registry import models, tasks
+from workbench.core.errors import UserError
+from workbench.core.registry import models, tasks
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "models" / "checkpoints"
 #: Suffixes a pickle is renamed to: every family must refuse it without ``trust_checkpoint``.

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from workbench import cli
-from workbench.registry import tasks
+from workbench.cli.flags import METAVARS
+from workbench.cli.parser import build_parser
+from workbench.core.registry import tasks
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
@@ -108,9 +110,9 @@ def _options(parser: argparse.ArgumentParser, path: str = "workbench"):
 
 
 def test_every_option_of_every_command_shows_a_word_of_one_vocabulary():
-    seen = list(_options(cli.build_parser(None)))
+    seen = list(_options(build_parser(None)))
     assert len(seen) > 100  # every plug-in's options included
-    odd = [(command, flag, word) for command, flag, word in seen if word not in cli.METAVARS]
+    odd = [(command, flag, word) for command, flag, word in seen if word not in METAVARS]
     assert not odd, odd
     assert ("workbench adapt", "--lr", "FLOAT") in seen and ("workbench adapt", "--seed", "SEED") in seen
     assert ("workbench adapt", "--domain", "TASK") in seen and ("workbench data info", "task", "TASK") in seen
@@ -158,7 +160,7 @@ def test_a_mistyped_method_is_refused_offering_the_methods_of_the_task(capsys):
 
 
 def test_list_without_scikit_learn_names_the_package_and_its_install_command():
-    result = _python(_not_installed("sklearn") + "from workbench import cli\nprint(cli._list())")
+    result = _python(_not_installed("sklearn") + "from workbench.cli.listing import _list\nprint(_list())")
     assert result.returncode == 0, result.stderr[-2000:]
     listing = " ".join(result.stdout.split())  # a long name has a line of its own; texts wrap
     for name in ("dre-ulsif", "dre-kliep", "dre-logistic"):
@@ -178,7 +180,7 @@ def test_confusion_matrices_of_nine_methods_wrap_into_readable_rows(tmp_path):
     from matplotlib.image import imread
     from workbench.domains.plots import PANELS_PER_ROW, confusion_matrices
 
-    from workbench.task import Evaluation
+    from workbench.core.task import Evaluation
 
     rng = np.random.default_rng(0)
     truth = rng.integers(0, 4, 500)

@@ -23,7 +23,7 @@ from workbench.domains.physio import (  # noqa: E402
     read_mitbih,
 )
 
-from workbench.errors import UserError  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
 
 MITBIH = Path(__file__).parent / "data" / "real" / "physio" / "mitdb"
 

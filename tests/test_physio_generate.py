@@ -16,7 +16,7 @@ pytest.importorskip("neurokit2")
 
 from workbench.domains.physio import generate, read_beat_folder  # noqa: E402
 
-from workbench.errors import UserError  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
 
 EMBEDDED = Path(generate.__file__).parent / "embedded"
 SHORT = tuple(replace(site, duration_s=40.0) for site in generate.SITES)

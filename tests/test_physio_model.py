@@ -10,8 +10,8 @@ import torch
 from workbench.adaptation import lora
 from workbench.models.physio import PatchGPT, load_patch_gpt, save_patch_gpt
 
-from workbench.errors import UserError
-from workbench.registry import models
+from workbench.core.errors import UserError
+from workbench.core.registry import models
 
 
 def small(**options) -> PatchGPT:

@@ -23,8 +23,8 @@ from workbench.domains.physio.task import AFTER_S, BEFORE_S, CLASSES, EMBEDDED  
 
 import workbench  # noqa: E402
 from workbench.cli import main  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
-from workbench.registry import tasks  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.registry import tasks  # noqa: E402
 
 SITE = EMBEDDED / "site-D"
 MITBIH = Path(__file__).parent / "data" / "real" / "physio" / "mitdb"

@@ -15,9 +15,9 @@ from safetensors import safe_open  # noqa: E402
 from workbench.domains.physio.pretrain import NextPatchModel, _segments, pretrain_patch_gpt  # noqa: E402
 from workbench.models.physio import SHIPPED_BACKBONE, PatchGPT  # noqa: E402
 
-from workbench.checkpoint import load_tensors, save_tensors  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
-from workbench.registry import models  # noqa: E402
+from workbench.core.checkpoint import load_tensors, save_tensors  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.registry import models  # noqa: E402
 
 
 def test_segments_are_resampled_to_250_hz_and_z_scored():
@@ -83,7 +83,7 @@ def test_the_shipped_backbone_is_the_default():
 
 @pytest.mark.slow
 def test_workbench_pretrain_makes_a_loadable_backbone(tmp_path):
-    from workbench.registry import tasks
+    from workbench.core.registry import tasks
 
     out = tmp_path / "backbone.safetensors"
     message = tasks.get("physio")().pretrain(out, epochs=1, quiet=True)

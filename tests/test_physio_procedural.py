@@ -16,8 +16,8 @@ from workbench.domains.physio import procedural  # noqa: E402
 from workbench.domains.physio.beats import read_beat_folder  # noqa: E402
 from workbench.domains.physio.task import AFTER_S, BEFORE_S, CLASSES  # noqa: E402
 
-from workbench.datacard import load_card  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
+from workbench.core.datacard import load_card  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
 
 SHIPPED = procedural.TARGETS
 

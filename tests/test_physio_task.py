@@ -18,8 +18,8 @@ pytest.importorskip("neurokit2")
 from workbench.domains.physio.task import BEAT_SAMPLES, CLASSES, EMBEDDED, model_inputs  # noqa: E402
 
 import workbench  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
-from workbench.registry import tasks  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.registry import tasks  # noqa: E402
 
 MITBIH = Path(__file__).parent / "data" / "real" / "physio" / "mitdb"
 TINY = {"epochs": 1, "train_size": 32, "val_size": 16, "batch_size": 16, "baselines": [], "quiet": True}

@@ -31,8 +31,8 @@ from workbench.adaptation.physiopfm.etf import EtfHead, simplex_etf  # noqa: E40
 from workbench.domains.physio.bank import SHIPPED_BANK  # noqa: E402
 
 import workbench  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
-from workbench.registry import methods, tasks  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.registry import methods, tasks  # noqa: E402
 
 FAST = {"epochs": 2, "train_size": 64, "val_size": 32, "batch_size": 16, "quiet": True}
 
@@ -100,7 +100,7 @@ def test_a_bank_round_trips_and_a_file_that_is_not_one_is_refused(tmp_path):
     back = load_bank(tmp_path / "bank.safetensors")
     torch.testing.assert_close(back.entries[0].vector(), entry.vector())
     assert back.entries[0].provenance == {"name": "x", "site": "S"} and back.settings == {"n_classes": 2}
-    from workbench.checkpoint import save_tensors
+    from workbench.core.checkpoint import save_tensors
 
     save_tensors(tmp_path / "other.safetensors", {"w": torch.zeros(2)})
     with pytest.raises(UserError, match="not a PhysioPFM bank"):
@@ -108,7 +108,7 @@ def test_a_bank_round_trips_and_a_file_that_is_not_one_is_refused(tmp_path):
 
 
 def test_attach_refuses_a_head_of_another_class_count_and_starts_at_the_frozen_backbone():
-    family = workbench.registry.models.get("patch-gpt")()
+    family = workbench.core.registry.models.get("patch-gpt")()
     with pytest.raises(UserError, match="the bank's head has 4 classes.*has 3"):
         attach(family.load(None, n_times=175, n_outputs=3, sfreq=250.0), 4)
     model = family.load(None, n_times=175, n_outputs=4, sfreq=250.0).eval()

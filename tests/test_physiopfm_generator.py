@@ -15,7 +15,7 @@ from workbench.adaptation.physiopfm.generator import (
     save_generator,
 )
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 P, C, N_TRAIN, N_TEST = 1200, 6, 64, 16  # 1200 weights: 3 chunks of 576, the last one padded
 # Small, fast settings (the defaults are the paper's sizes and rate 4e-4): measured on 6 seeds of this bank, the

@@ -13,7 +13,7 @@ pytest.importorskip("neurokit2")
 from workbench.adaptation import lora  # noqa: E402
 from workbench.adaptation.physiopfm.bank import Bank, BankEntry, load_bank, save_bank  # noqa: E402
 
-from workbench.registry import methods, tasks  # noqa: E402
+from workbench.core.registry import methods, tasks  # noqa: E402
 
 
 def site(method: str, **options):

@@ -1,5 +1,5 @@
-"""Placement: one owner (`workbench.device`), no helper that defaults a device to the CPU, and a harness
-(`workbench.placement_harness`) under which a tensor left on the host fails on a CPU-only machine as it would on a
+"""Placement: one owner (`workbench.core.device`), no helper that defaults a device to the CPU, and a harness
+(`workbench.core.placement_harness`) under which a tensor left on the host fails on a CPU-only machine as it would on a
 GPU. The task × method contract runs (`tests/test_task_method_contract.py`) adapt, evaluate and predict under it."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import small_mace
 
-from workbench import device as placement
-from workbench.errors import UserError
-from workbench.placement_harness import RUN_DEVICE, PlacementError, placement_harness
+from workbench.core import device as placement
+from workbench.core.errors import UserError
+from workbench.core.placement_harness import RUN_DEVICE, PlacementError, placement_harness
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def test_no_helper_defaults_a_device_to_the_cpu():
     for folder in ("domains", "adaptation", "models", "workbench"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             bad += [f"{path.relative_to(ROOT)}: {where}" for where in cpu_defaults(path.read_text())]
-    assert not bad, "device defaults to the CPU (take the model's, workbench.device.device_of): " + "; ".join(bad)
+    assert not bad, "device defaults to the CPU (take the model's, workbench.core.device.device_of): " + "; ".join(bad)
 
 
 def test_the_scan_finds_a_planted_cpu_default():

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 import workbench
-from workbench.config import RunRequest, resolve_config
-from workbench.errors import UserError
-from workbench.trainer import Trainer, TrainSettings
+from workbench.core.config import RunRequest, resolve_config
+from workbench.core.errors import UserError
+from workbench.core.trainer import Trainer, TrainSettings
 
 
 def regression(n: int, seed: int):

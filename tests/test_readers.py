@@ -12,7 +12,7 @@ from workbench.domains.atomistic.readers import BadFrames, read_ase, read_ase_se
 from workbench.domains.atomistic.task import Rmd17
 from workbench.domains.atomistic.units import EV_PER_KCAL_PER_MOL
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 def test_kcal_per_mol_constant():

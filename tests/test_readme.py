@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.cli import build_parser
+from workbench.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

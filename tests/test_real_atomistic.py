@@ -17,7 +17,7 @@ from workbench.domains.atomistic.readers import BadFrames, read_ase, read_sgdml 
 from workbench.domains.atomistic.units import EV_PER_KCAL_PER_MOL  # noqa: E402
 
 from workbench.cli import main, run  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
 
 REAL = Path(__file__).parent / "data" / "real" / "atomistic"
 NPZ = REAL / "md17_ethanol_first300.npz"

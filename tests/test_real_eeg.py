@@ -24,8 +24,8 @@ from workbench.domains.eeg.task import EMBEDDED_SLEEP  # noqa: E402
 
 import workbench  # noqa: E402
 from workbench.cli import main  # noqa: E402
-from workbench.errors import UserError  # noqa: E402
-from workbench.registry import tasks  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
+from workbench.core.registry import tasks  # noqa: E402
 
 REAL = Path(__file__).parent / "data" / "real" / "eeg"
 MMIDB = REAL / "eegmmidb"

@@ -19,7 +19,7 @@ from workbench.models.graph import GraphNet, SparseFeatures, dropout_linear
 
 import workbench as wb
 from workbench import cli
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 REAL = Path(__file__).parent / "data" / "real" / "graphs"
 

@@ -1,4 +1,4 @@
-"""The one bad-record collector of the signal readers (`workbench.records.Collector`): what it skips, under which
+"""The one bad-record collector of the signal readers (`workbench.core.records.Collector`): what it skips, under which
 file, what it raises, and that the ECG and EEG readers both keep their records through it."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from workbench.errors import UserError
-from workbench.paths import PathOutsideData
-from workbench.records import BadRecordError, Collector
+from workbench.core.errors import UserError
+from workbench.core.paths import PathOutsideData
+from workbench.core.records import BadRecordError, Collector
 
 
 def _read(collector: Collector, path: str, error: Exception | None, where: str = "") -> bool:
@@ -30,7 +30,7 @@ def test_a_good_record_is_counted_and_nothing_is_skipped():
 
 def test_skip_lists_the_record_under_the_path_read_and_warns(caplog):
     collector = Collector("skip")
-    with caplog.at_level(logging.WARNING, logger="workbench.records"):
+    with caplog.at_level(logging.WARNING, logger="workbench.core.records"):
         assert not _read(collector, "night/psg.edf", BadRecordError("night/hyp.edf", "not the same night"))
         assert not _read(collector, "b.edf", UserError("b.edf: channel C3 missing"))  # the path prefix is dropped
     assert [(p.record, p.problem) for p in collector.skipped] == [

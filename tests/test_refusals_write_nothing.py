@@ -8,7 +8,7 @@ import pytest
 from test_task_method_contract import APPLIES
 
 from workbench import cli
-from workbench.registry import methods
+from workbench.core.registry import methods
 
 #: Tasks whose embedded data take many seconds to read on a laptop CPU: their data-level refusals run under ``slow``.
 SLOW_READS = {"ptbxl", "rmd17", "medvl"}
@@ -170,7 +170,7 @@ def test_a_method_the_task_refuses_writes_nothing(task, method, tmp_path, capsys
 def test_the_corrected_goat_command_takes_the_same_out(tmp_path, capsys):
     """The report of issue 41: ``--init goat`` on the task's default method (htuning) is refused, and the command the
     message names parses and resolves with the same ``--out`` (nothing is in the way)."""
-    from workbench.config import RunRequest, resolve_config
+    from workbench.core.config import RunRequest, resolve_config
 
     message = refused(["--domain", "ptbxl", "--init", "goat"], tmp_path / "run", capsys)
     assert "--method lora --init goat" in message

@@ -14,8 +14,8 @@ import pytest
 
 import workbench
 from workbench import cli
-from workbench.errors import UserError
-from workbench.rundir import OutputBusy, claim_file, claim_run_dir
+from workbench.core.errors import UserError
+from workbench.run.rundir import OutputBusy, claim_file, claim_run_dir
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 FEATURES = ["adapt", "--domain", "features", "--epochs", "1", "--baselines", "", "--quiet"]
@@ -27,7 +27,7 @@ def hold_in_another_process(kind: str, path: Path) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from workbench.rundir import claim_file, claim_run_dir
+        from workbench.run.rundir import claim_file, claim_run_dir
         with {claim}:
             print("held", flush=True)
             time.sleep(120)

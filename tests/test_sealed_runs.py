@@ -28,7 +28,8 @@ pytest.importorskip("wfdb")
 from workbench.domains.ecg.readers import EMBEDDED_PTBXL  # noqa: E402
 from workbench.domains.ecg.task import PREPROCESSING, PtbXl  # noqa: E402
 
-from workbench import outputs, seal  # noqa: E402
+from workbench.core import seal
+from workbench.run import outputs  # noqa: E402
 
 RECORDS = EMBEDDED_PTBXL / "records100" / "00000"
 #: The smallest comparison: full fine-tuning of the features task, 2 folds of one seed, one epoch.
@@ -172,7 +173,7 @@ def test_a_crash_during_the_write_never_leaves_a_mixed_pair(tmp_path, crash_at):
     code = textwrap.dedent(f"""
         import os, sys
         from pathlib import Path
-        from workbench import outputs
+        from workbench.run import outputs
         crash_at, replace, count = {crash_at!r}, os.replace, []
         def counted(source, target):
             count.append(1)

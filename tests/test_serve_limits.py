@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 from workbench.serve.auth import parse_tokens
 from workbench.serve.limits import Limits, too_large
 from workbench.serve.uploads import Refused, RequestFolder, input_sha256, intake_files, safe_name

@@ -1,4 +1,4 @@
-"""Each run setting is declared once (`workbench.settings.SETTINGS`): a new declaration is a flag of ``adapt`` and
+"""Each run setting is declared once (`workbench.core.settings.SETTINGS`): a new declaration is a flag of ``adapt`` and
 ``compare``, a key of ``config.yaml``, a keyword of ``workbench.adapt`` and a field of ``CompareSpec``, checked in one
 place. A renamed option or setting keeps its earlier name working, with one warning line, for one minor version
 (``--scaling`` of the LoRA methods first, where the task does not take ``--scaling`` itself)."""
@@ -14,16 +14,20 @@ import pytest
 import yaml
 
 from workbench import cli
-from workbench.config import RunRequest, resolve_config
-from workbench.options import RenamedFrom
-from workbench.registry import methods, tasks
-from workbench.run import Run, _check_out_dir
-from workbench.settings import SETTINGS
+from workbench.cli.adapt import adapt_request
+from workbench.cli.compare import _compare_spec
+from workbench.cli.parser import parse
+from workbench.core.config import RunRequest, resolve_config
+from workbench.core.finished import Run
+from workbench.core.options import RenamedFrom
+from workbench.core.registry import methods, tasks
+from workbench.core.settings import SETTINGS
+from workbench.run.adapting import _check_out_dir
 
 #: Adds one setting before any engine module builds its classes, then asks every surface for it.
 _ONE_MORE_SETTING = """
 import sys, yaml
-from workbench import settings
+from workbench.core import settings
 
 probe = settings.Setting(
     "probe_share", float, 0.25, "a share only this test declares", ("adapt", "compare"),
@@ -33,8 +37,8 @@ settings.SETTINGS = (*settings.SETTINGS, probe)
 
 import workbench
 from workbench import cli
-from workbench.comparison import Cell, CompareSpec, cell_request
-from workbench.config import resolve_config
+from workbench.comparison.design import Cell, CompareSpec, cell_request
+from workbench.core.config import resolve_config
 
 def help_of(*argv):
     try:
@@ -80,7 +84,7 @@ def test_every_setting_is_declared_once_and_every_surface_takes_it():
 
 
 def _method_options(argv: list[str]) -> dict:
-    return resolve_config(cli.adapt_request(cli.parse(argv)))[0].method_options
+    return resolve_config(adapt_request(parse(argv)))[0].method_options
 
 
 def test_the_earlier_scaling_flag_gives_the_same_lora_options_with_one_warning_line(capsys):
@@ -107,8 +111,8 @@ def test_on_an_eeg_task_scaling_stays_the_tasks_option():
     assert "scaling" in {option.name for option in tasks.get("sleepedf").options}
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        args = cli.parse(["adapt", "--domain", "sleepedf", "--method", "lora", "--scaling", "zscore", "--out", "x"])
-        request = cli.adapt_request(args)
+        args = parse(["adapt", "--domain", "sleepedf", "--method", "lora", "--scaling", "zscore", "--out", "x"])
+        request = adapt_request(args)
     assert request.task_options == {"scaling": "zscore"} and request.method_options == {}
 
 
@@ -141,8 +145,8 @@ def test_an_earlier_name_works_for_one_minor_version_after_its_rename():
 
 
 def test_compare_reads_its_entries_with_method_entry_parse(capsys):
-    from workbench.comparison import entry_of
-    from workbench.config import MethodEntry
+    from workbench.comparison.design import entry_of
+    from workbench.core.config import MethodEntry
 
     assert entry_of("full@ecg:frozen") == MethodEntry("full", "ecg", "frozen") and str(entry_of("lora:r4")) == "lora:r4"
     with pytest.raises(SystemExit):
@@ -158,9 +162,10 @@ def test_a_renamed_setting_keeps_its_earlier_flag_key_and_keyword_working(monkey
     import dataclasses
 
     import workbench
-    from workbench import config, run, settings
-    from workbench.comparison import CompareSpec
-    from workbench.errors import UserError
+    from workbench.comparison.design import CompareSpec
+    from workbench.core import config, settings
+    from workbench.core.errors import UserError
+    from workbench.run import adapting as run
 
     earlier = RenamedFrom("warmup_fraction", "0.1")
     declared = tuple(dataclasses.replace(s, renamed_from=earlier) if s.name == "warmup_share" else s for s in SETTINGS)
@@ -168,11 +173,11 @@ def test_a_renamed_setting_keeps_its_earlier_flag_key_and_keyword_working(monkey
         monkeypatch.setattr(module, "SETTINGS", declared)
     notice = "--warmup-fraction was renamed --warmup-share in 0.1; --warmup-fraction stops working in 0.3"
     with pytest.warns(FutureWarning, match=notice):
-        args = cli.parse(["adapt", "--domain", "features", "--schedule", "linear", "--warmup-fraction", "0.1"])
-    assert cli.adapt_request(args).warmup_share == 0.1
+        args = parse(["adapt", "--domain", "features", "--schedule", "linear", "--warmup-fraction", "0.1"])
+    assert adapt_request(args).warmup_share == 0.1
     with pytest.warns(FutureWarning, match="--warmup-fraction was renamed"):
-        assert cli._compare_spec(cli.parse(["compare", "--domain", "features", "--methods", "full",
-                                            "--warmup-fraction", "0.1"])).warmup_share == 0.1  # fmt: skip
+        assert _compare_spec(parse(["compare", "--domain", "features", "--methods", "full",
+                                    "--warmup-fraction", "0.1"])).warmup_share == 0.1  # fmt: skip
     resolved, _ = resolve_config(RunRequest("features", out=str(tmp_path), schedule="linear", warmup_share=0.1))
     old = resolved.to_dict()
     old["warmup_fraction"] = old.pop("warmup_share")

@@ -31,8 +31,8 @@ from workbench.domains.atomistic.readers import read_sgdml  # noqa: E402
 from workbench.domains.atomistic.task import Rmd17, fit_atomic_energies  # noqa: E402
 from workbench.models.sevennet import calculator, load_sevennet  # noqa: E402
 
-from workbench.device import device_of  # noqa: E402
-from workbench.testing import rotation_equivariance_error  # noqa: E402
+from workbench.core.device import device_of  # noqa: E402
+from workbench.core.testing import rotation_equivariance_error  # noqa: E402
 
 pytestmark = pytest.mark.sevennet
 

@@ -11,7 +11,7 @@ import pytest
 scipy_signal = pytest.importorskip("scipy.signal")
 from workbench.domains import signal  # noqa: E402
 
-from workbench.errors import UserError  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
 
 FS = 250.0  # [Hz]
 

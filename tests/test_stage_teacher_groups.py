@@ -1,6 +1,6 @@
 """A stage that holds a teacher frozen in eval mode and trains two parameter groups at their own learning rates
-(`workbench.method.Stage.frozen`, `Stage.learning_rates`): a toy method defined here uses both, through the engine's
-own stage runner and, registered by an entry point as a third party would, through ``workbench adapt``."""
+(`workbench.core.method.Stage.frozen`, `Stage.learning_rates`): a toy method defined here uses both, through the
+engine's own stage runner and, registered by an entry point as a third party would, through ``workbench adapt``."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from workbench.method import Method, PlanInputs, Stage
-from workbench.run import _train
-from workbench.task import TaskData
-from workbench.trainer import Trainer, TrainSettings
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.task import TaskData
+from workbench.core.trainer import Trainer, TrainSettings
+from workbench.run.stages import train_stages
 
 TOY = Path(__file__).parent / "data" / "toy_plugins"
 #: The head learns this many times faster than the rest of the student.
@@ -132,7 +132,7 @@ def test_the_teacher_stays_in_eval_mode_and_never_changes(tmp_path):
     teacher_before = copy.deepcopy(model.teacher.state_dict())  # weights and batch-norm running statistics
     student_before = copy.deepcopy(model.student.state_dict())
     stages = method.plan(RegressionTask(), model, DATA, PlanInputs(SETTINGS))
-    history = _train(stages, RegressionTask(), model, tmp_path / "m.pt", "cpu", False, "m", False)
+    history = train_stages(stages, RegressionTask(), model, tmp_path / "m.pt", "cpu", False, "m", False)
     assert len(history) == 3 and len(method.modes) == 3 * 4  # 3 epochs of 4 steps
     assert not any(any(step) for step in method.modes)  # every teacher module in eval mode in every step
     after = model.teacher.state_dict()
@@ -143,7 +143,7 @@ def test_the_teacher_stays_in_eval_mode_and_never_changes(tmp_path):
     # the control: without `frozen` the same plan trains the teacher and moves its running statistics
     method, model = prepared()
     stages = [replace(stage, frozen=()) for stage in method.plan(RegressionTask(), model, DATA, PlanInputs(SETTINGS))]
-    _train(stages, RegressionTask(), model, tmp_path / "control.pt", "cpu", False, "control", False)
+    train_stages(stages, RegressionTask(), model, tmp_path / "control.pt", "cpu", False, "control", False)
     assert all(all(step) for step in method.modes)
     assert not torch.equal(model.teacher[0].weight, teacher_before["0.weight"])
     assert not torch.equal(model.teacher[1].running_mean, teacher_before["1.running_mean"])
@@ -156,7 +156,7 @@ def test_one_step_moves_each_group_by_its_own_rate(tmp_path):
     start = copy.deepcopy(model)
     settings = replace(SETTINGS, epochs=1, batch_size=16)  # one batch: one step
     stages = method.plan(RegressionTask(), model, DATA, PlanInputs(settings))
-    _train(stages, RegressionTask(), model, tmp_path / "m.pt", "cpu", False, "m", False)
+    train_stages(stages, RegressionTask(), model, tmp_path / "m.pt", "cpu", False, "m", False)
 
     start.train()
     start.teacher.eval()
@@ -271,7 +271,7 @@ def test_a_third_party_method_with_a_teacher_and_two_rates_runs_end_to_end(tmp_p
     plugin = tmp_path / "plugin"
     (plugin / "toy_teacher-0.1.dist-info").mkdir(parents=True)
     (plugin / "toy_teacher.py").write_text(
-        "from test_stage_teacher_groups import TeacherDistill\nfrom workbench.registry import methods\n\n"
+        "from test_stage_teacher_groups import TeacherDistill\nfrom workbench.core.registry import methods\n\n"
         "methods.register(TeacherDistill)\n"
     )
     (plugin / "toy_teacher-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-teacher\n"

@@ -1,5 +1,6 @@
-"""`workbench.statistics` against scipy and statsmodels, and the verdict rules of `workbench.comparison_report`:
-seeds are the units, Holm decides, equivalence is two-sided, nothing is said without units or without learning."""
+"""`workbench.comparison.statistics` against scipy and statsmodels, and the verdict rules of
+`workbench.comparison.report`: seeds are the units, Holm decides, equivalence is two-sided, nothing is said without
+units or without learning."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import ttest_1samp
 
-from workbench import statistics
-from workbench.comparison_report import Claim, summarise, verdicts
+from workbench.comparison import statistics
+from workbench.comparison.report import Claim, summarise, verdicts
 
 statsmodels = pytest.importorskip("statsmodels")
 
@@ -150,7 +151,7 @@ def test_a_table_says_no_verdict_below_three_units_and_names_the_unmoved_referen
 
 
 def test_every_table_states_how_far_its_reference_moved():
-    from workbench.comparison_report import reference_line, reference_moved
+    from workbench.comparison.report import reference_line, reference_moved
 
     seeds = [100, 101, 102, 103, 104]
     full = [c for c in _cells([0.05, 0.06, 0.05, 0.055, 0.045], seeds)["cells"] if c["method"] == "full"]
@@ -196,7 +197,7 @@ def test_compare_plan_reads_a_pilots_seed_spread(tmp_path, capsys):
     out = capsys.readouterr().out
     sd = stored["comparison"]["summary"]["warmpot"]["metrics"]["balanced_accuracy"]["vs_reference"]["unit_sd"]
     assert code == 0 and f"MDD {statistics.minimum_detectable_difference(sd, 10):.3g}" in out
-    from workbench.errors import UserError
+    from workbench.core.errors import UserError
 
     with pytest.raises(UserError, match="--plan needs --sd"):
         cli(["compare", "--plan", "--domain", "features", "--methods", "full,warmpot"])

@@ -4,8 +4,8 @@ does not is refused with a clear message before the run directory appears. The t
 claims today — a change of claims must show up here.
 
 Every pair's ``adapt``, ``evaluate`` and (where the task has batch prediction) ``predict`` run under the placement
-harness (`workbench.placement_harness`): the run device is told apart from the CPU, so a tensor a hook leaves on the
-host fails here as it would on a GPU."""
+harness (`workbench.core.placement_harness`): the run device is told apart from the CPU, so a tensor a hook leaves on
+the host fails here as it would on a GPU."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import torch
 from conftest import write_rmd17_layout
 
 import workbench
-from workbench.errors import UserError
-from workbench.placement_harness import placement_harness
-from workbench.registry import methods, tasks
+from workbench.core.errors import UserError
+from workbench.core.placement_harness import placement_harness
+from workbench.core.registry import methods, tasks
 
 DOMAINS = Path(__file__).resolve().parents[1] / "domains"
 #: Inputs of ``workbench predict`` for the tasks with batch prediction: files from the embedded data.

@@ -9,8 +9,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 from workbench.adaptation import elora
 
-from workbench.method import Method
-from workbench.testing import (
+from workbench.core.method import Method
+from workbench.core.testing import (
     assert_identity_at_init,
     assert_merge_equivalent,
     assert_only_trainable_change,

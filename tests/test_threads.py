@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import workbench
-from workbench.errors import UserError
-from workbench.threads import busy_elsewhere, choose_threads, following_load, usable_cpus, use_threads
+from workbench.core.errors import UserError
+from workbench.run.threads import busy_elsewhere, choose_threads, following_load, usable_cpus, use_threads
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="affinity masks are a Linux feature")
 def test_usable_cpus_follow_the_affinity_mask():
     code = "import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); " \
-           "from workbench.threads import usable_cpus; print(usable_cpus())"  # fmt: skip
+           "from workbench.run.threads import usable_cpus; print(usable_cpus())"  # fmt: skip
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "1"
     assert 1 <= usable_cpus() <= os.cpu_count()
 

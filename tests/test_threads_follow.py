@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import workbench
-from workbench.config import RunRequest
-from workbench.run import run_request
-from workbench.threads import OtherWork, ThreadPolicy
+from workbench.core.config import RunRequest
+from workbench.run.adapting import run_request
+from workbench.run.threads import OtherWork, ThreadPolicy
 
 #: Relative difference allowed between a run that followed the load and a pinned one: float32 numbers summed in
 #: another order differ by a few units in the last place (1.2e-7) per operation, and training carries them on.
@@ -59,7 +59,7 @@ def test_a_pinned_count_never_changes_and_never_reads_the_load(monkeypatch):
     assert policy.pinned == 3 and [policy.update() for _ in range(3)] == [3, 3, 3] and torch.get_num_threads() == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert ThreadPolicy(usable=2, other_work=unread).pinned == 1  # the environment's count is pinned too
-    with pytest.raises(workbench.errors.UserError, match="--threads must be at least 1"):
+    with pytest.raises(workbench.core.errors.UserError, match="--threads must be at least 1"):
         ThreadPolicy(0)
 
 
@@ -69,7 +69,7 @@ def test_other_work_counts_others_and_never_this_process():
     # other processes took plus this process's own is 1 CPU: OtherWork counts the competitor, not our spinning.
     code = """
 import os, subprocess, sys, time
-from workbench.threads import OtherWork
+from workbench.run.threads import OtherWork
 cpu = sorted(os.sched_getaffinity(0))[0]
 os.sched_setaffinity(0, {cpu})
 spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL)
@@ -104,7 +104,7 @@ def test_a_run_that_follows_the_load_records_each_epochs_threads(tmp_path):
     # --resume keeps following the load; pinning a run that followed it is another setting
     assert workbench.adapt("features", epochs=2, train_size=100, baselines=(), quiet=True, out=str(run.path),
                            resume=True).config.threads is None  # fmt: skip
-    with pytest.raises(workbench.errors.UserError, match="threads: was None, now 2"):
+    with pytest.raises(workbench.core.errors.UserError, match="threads: was None, now 2"):
         workbench.adapt("features", epochs=2, train_size=100, baselines=(), quiet=True, out=str(run.path), threads=2,
                         resume=True)  # fmt: skip
 

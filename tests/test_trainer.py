@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.method import Method, PlanInputs, Stage
-from workbench.run import _best_epoch, _train
-from workbench.task import TaskData
-from workbench.trainer import Trainer, TrainSettings
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.task import TaskData
+from workbench.core.trainer import Trainer, TrainSettings
+from workbench.run.stages import best_epoch, train_stages
 
 
 def regression(n: int, seed: int):
@@ -70,12 +70,12 @@ def test_epochs_before_select_from_are_neither_chosen_nor_counted():
     assert trainer.best["epoch"] == 5 and len(history) == 9  # 5 warm-up epochs, the first selectable, 3 worse
     assert [h["selectable"] for h in history] == [False] * 5 + [True] * 4
     assert [h["lr"] for h in history] == [0.01] * 7 + [0.005] * 2  # the plateau schedule starts at epoch 5 too
-    assert _best_epoch([dict(h, stage="train") for h in history]) == 5
+    assert best_epoch([dict(h, stage="train") for h in history]) == 5
     never = Trainer(
         fresh_model(), mse, collate, train, val, replace(settings, epochs=3, select_from=50), progress=False
     )
     history = never.fit()
-    assert never.best["epoch"] == -1 and _best_epoch([dict(h, stage="train") for h in history]) == 2
+    assert never.best["epoch"] == -1 and best_epoch([dict(h, stage="train") for h in history]) == 2
 
 
 class Interrupt(Exception):
@@ -111,12 +111,12 @@ def test_resume_after_interruption_gives_identical_weights(tmp_path, settings):
 def test_resume_restores_every_random_generator(tmp_path):
     """Dropout (torch's global generator) and noise from NumPy's and Python's global generators: a run interrupted
     mid-epoch and resumed in the same process (whose generators have moved on) equals the uninterrupted one bit for
-    bit, because the checkpoint carries every generator's state (`workbench.randomness`)."""
+    bit, because the checkpoint carries every generator's state (`workbench.core.randomness`)."""
     import random
 
     import numpy as np
 
-    from workbench.randomness import seed_all
+    from workbench.core.randomness import seed_all
 
     def noisy_model():
         torch.manual_seed(0)
@@ -169,7 +169,7 @@ def test_needs_trainable_parameters_and_a_full_batch():
 def test_ema_matches_the_torch_ema_package():
     """The engine's EMA gives torch-ema's averages step for step (same warm-up schedule)."""
     torch_ema = pytest.importorskip("torch_ema")
-    from workbench.ema import ExponentialMovingAverage
+    from workbench.core.ema import ExponentialMovingAverage
 
     generator = torch.Generator().manual_seed(0)
     ours_param = nn.Parameter(torch.randn(5, generator=generator, dtype=torch.float64))
@@ -223,17 +223,17 @@ def test_a_method_in_stages_trains_each_stage_with_its_own_parameters_samples_an
     model, method = fresh_model(), TwoStages()
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
     task = RegressionTask()
-    history = _train(method.plan(task, model, data, PlanInputs(SETTINGS)), task, model, tmp_path / "m.pt", "cpu", False,
-                     "m", False)  # fmt: skip
+    stages = method.plan(task, model, data, PlanInputs(SETTINGS))
+    history = train_stages(stages, task, model, tmp_path / "m.pt", "cpu", False, "m", False)
     assert [(h["epoch"], h["stage"], h["stage_epoch"]) for h in history] == [
         (0, "weight", 0), (1, "weight", 1), (2, "weight", 2), (3, "bias", 0), (4, "bias", 1),
     ]  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.bias.pt", "m.weight.pt"]
     assert not torch.equal(model.weight, start["weight"]) and not torch.equal(model.bias, start["bias"])
-    assert _best_epoch(history) in (3, 4)  # chosen within the last stage
+    assert best_epoch(history) in (3, 4)  # chosen within the last stage
     again = fresh_model()  # resumed from the finished stages' checkpoints: the same weights
-    _train(TwoStages().plan(task, again, data, PlanInputs(SETTINGS)), task, again, tmp_path / "m.pt", "cpu", False, "m",
-           True)  # fmt: skip
+    stages = TwoStages().plan(task, again, data, PlanInputs(SETTINGS))
+    train_stages(stages, task, again, tmp_path / "m.pt", "cpu", False, "m", True)
     assert torch.equal(again.weight, model.weight) and torch.equal(again.bias, model.bias)
 
 
@@ -284,7 +284,7 @@ def test_selection_on_a_metric_chooses_its_best_epoch_and_stops_on_it():
     assert [h["objective"] for h in history] == [3.0, 1.0, 2.0, 5.0, 4.0]  # stopped 3 epochs after epoch 1
     assert trainer.stopped and torch.equal(model.weight, kept[1])
     assert min(history, key=lambda h: h["val_loss"])["epoch"] != 1  # the loss alone would have kept another epoch
-    assert _best_epoch([dict(h, stage="train") for h in history]) == 1
+    assert best_epoch([dict(h, stage="train") for h in history]) == 1
     with pytest.raises(ValueError, match="needs a score"):
         Trainer(fresh_model(), mse, collate, regression(16, 1), regression(8, 2), settings, progress=False)
 
@@ -295,7 +295,7 @@ class ScoredRegressionTask(RegressionTask):
     lower_is_better = frozenset()
 
     def evaluate(self, model, samples, device):
-        from workbench.task import Evaluation
+        from workbench.core.task import Evaluation
 
         if len(samples) < 2:
             raise ValueError("R² needs at least two samples")
@@ -306,17 +306,16 @@ class ScoredRegressionTask(RegressionTask):
 
 
 def test_a_stage_selecting_on_a_metric_keeps_its_best_epoch_and_its_memory_probe_selects_nothing(tmp_path):
-    from workbench.run import _training_step_bytes
-
+    from workbench.run.stages import step_bytes
     data = TaskData(train=regression(32, 1), val=regression(8, 2), test=[], source="test")
     task, model = ScoredRegressionTask(), fresh_model()
     settings = replace(SETTINGS, epochs=4, select_on="r2")
     stages = [Stage("train", data.train, data.val, settings, task.loss)]
-    history = _train(stages, task, model, tmp_path / "m.pt", "cpu", False, "m", False)
-    best = history[_best_epoch(history)]
+    history = train_stages(stages, task, model, tmp_path / "m.pt", "cpu", False, "m", False)
+    best = history[best_epoch(history)]
     assert best["objective"] == min(h["objective"] for h in history)
     assert best["objective"] == pytest.approx(-task.evaluate(model, data.val, "cpu").metrics["r2"], abs=1e-12)
-    assert _training_step_bytes(stages[-1], task, model, data, torch.device("cpu")) > 0  # scores no single sample
+    assert step_bytes(stages[-1], task, model, data, torch.device("cpu")) > 0  # scores no single sample
 
 
 def test_before_step_sees_each_steps_gradient_before_the_optimizer_uses_it():

@@ -15,9 +15,9 @@ from workbench.domains.features import partial_da
 from workbench.domains.features.partial_da import make_partial_da
 
 import workbench as wb
-from workbench.method import PlanInputs
-from workbench.task import TaskData
-from workbench.trainer import TrainSettings
+from workbench.core.method import PlanInputs
+from workbench.core.task import TaskData
+from workbench.core.trainer import TrainSettings
 
 
 def random_problem(seed: int, n: int = 30, m: int = 25, dim: int = 3):

@@ -14,13 +14,17 @@ warnings.filterwarnings("ignore", message="The TorchScript type system", categor
 # The one import of a plug-in package by the engine: its __init__ imports no model library, it installs the hooks
 # that make them import safely whenever something imports them (a user's `import peft` after `import workbench`).
 import workbench.models  # noqa: E402, F401
+from workbench import _moved  # noqa: E402
 
-__version__ = "0.1.0"
+_moved.install()  # the module paths before 0.2 (``workbench.task``) keep working, with a FutureWarning
+
+__version__ = "0.2.0"
 
 #: The public API, imported on first use (``workbench.adapt``): the command line refuses a mistyped name before
 #: torch and matplotlib are imported.
-_PUBLIC = {"CompareSpec": "workbench.comparison", "compare": "workbench.comparison", "Run": "workbench.run",
-           "adapt": "workbench.run", "evaluate": "workbench.run", "predict": "workbench.run"}  # fmt: skip
+_PUBLIC = {"CompareSpec": "workbench.comparison.design", "compare": "workbench.comparison.execute",
+           "Run": "workbench.core.finished", "adapt": "workbench.run.adapting", "evaluate": "workbench.run.evaluating",
+           "predict": "workbench.run.predicting"}  # fmt: skip
 __all__ = [*sorted(_PUBLIC), "__version__"]
 
 

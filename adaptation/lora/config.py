@@ -66,7 +66,7 @@ from workbench.adaptation.lora.variants.flat_lora import OBJECTIVES as OBJECTIVE
 from workbench.adaptation.lora.variants.goat import GOAT_ETA as GOAT_ETA
 from workbench.adaptation.lora.variants.goat import GOAT_RHO as GOAT_RHO
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: ``compute`` choices: ``"input"`` (PEFT's ``W x + B A x``) or ``"weight"`` (``(W + B A) x``).
 COMPUTES = ("input", "weight")

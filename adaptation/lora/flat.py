@@ -36,9 +36,9 @@ from torch import nn
 from workbench.adaptation.lora.model import lora_layers
 from workbench.adaptation.lora.variants.flat_lora import unit_noise
 
-from workbench.errors import UserError
-from workbench.method import Stage
-from workbench.trainer import TrainSettings, distributed
+from workbench.core.errors import UserError
+from workbench.core.method import Stage
+from workbench.core.trainer import TrainSettings, distributed
 
 
 def sigma_at(sigma: float, step: int, total: int) -> float:

@@ -18,8 +18,8 @@ from typing import Any, Mapping
 
 import torch
 
-from workbench.checkpoint import load_tensors, read_metadata, save_tensors
-from workbench.errors import UserError
+from workbench.core.checkpoint import load_tensors, read_metadata, save_tensors
+from workbench.core.errors import UserError
 
 log = logging.getLogger(__name__)
 

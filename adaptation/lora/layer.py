@@ -53,7 +53,7 @@ from torch.nn.utils import parametrize, skip_init
 from workbench.adaptation.lora import variants
 from workbench.adaptation.lora.config import AdapterConfig
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: The layer types LoRA wraps.
 SUPPORTED = (nn.Linear, nn.Conv1d, nn.Conv2d)

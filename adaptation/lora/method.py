@@ -31,12 +31,12 @@ from workbench.adaptation.lora.model import (
     target_names,
 )
 
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.method import Method, PlanInputs, Stage
-from workbench.model import require
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.model import require
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 HEAD_CHOICES = ("train", "frozen")
 #: The options every method that adapts the model's declared target groups shares (LoRA, LIFT).

@@ -11,7 +11,7 @@ same or other targets), `set_adapter` chooses which act, `delete_adapter` remove
 `load_adapter` take an ``adapter`` name. Each adapter's `LoraConfig` is kept on the model (``_lora_configs``).
 
 Targets are fnmatch patterns over module names (``"layers.*.attention.qkv"``) and/or names of the target groups a
-model declares (`workbench.model.ModelSpec.adapter_target_groups`, e.g. ``{"qkv": ("blocks.*.attn.qkv",)}``).
+model declares (`workbench.core.model.ModelSpec.adapter_target_groups`, e.g. ``{"qkv": ("blocks.*.attn.qkv",)}``).
 
 Files: `save_adapter` writes a folder in PEFT's layout — ``adapter_model.safetensors`` with PEFT's tensor names
 (``base_model.model.<module>.lora_A.weight``; parameters trained in full under their own names, as PEFT's
@@ -44,9 +44,9 @@ from workbench.adaptation.lora.io import LoadReport, load_into, read_adapter, wr
 from workbench.adaptation.lora.layer import DEFAULT, SUPPORTED, LoraLayer, check_fits
 from workbench.adaptation.lora.variants.lora_one import LoraOne
 
-from workbench.checkpoint import check_state_fits, write_json
-from workbench.errors import UserError
-from workbench.model import spec_of
+from workbench.core.checkpoint import check_state_fits, write_json
+from workbench.core.errors import UserError
+from workbench.core.model import spec_of
 
 log = logging.getLogger(__name__)
 

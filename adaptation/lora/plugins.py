@@ -40,8 +40,8 @@ from workbench.adaptation.lora.config import AdapterConfig, LoraConfig
 from workbench.adaptation.lora.io import read_adapter, write_adapter
 from workbench.adaptation.lora.model import PEFT_PREFIX, _add, _configs, lora_layers
 
-from workbench.errors import UserError
-from workbench.model import PLUGINS, active_adapters, plugins_of
+from workbench.core.errors import UserError
+from workbench.core.model import PLUGINS, active_adapters, plugins_of
 
 #: The ``method`` written in plug-in files' metadata.
 FILE_KIND = "lora-plugin"

@@ -32,10 +32,10 @@ from workbench.adaptation import lora
 from workbench.adaptation.lora.model import target_names
 from workbench.adaptation.physiopfm.etf import EtfHead
 
-from workbench.checkpoint import load_tensors, save_tensors
-from workbench.errors import UserError
-from workbench.metrics import balanced_accuracy
-from workbench.model import require
+from workbench.core.checkpoint import load_tensors, save_tensors
+from workbench.core.errors import UserError
+from workbench.core.metrics import balanced_accuracy
+from workbench.core.model import require
 
 #: The LoRA every entry and every site shares (PhysioPFM's rank 4; targets and scale are *unverified* choices).
 LORA_SETTINGS = {"targets": ["qkv"], "rank": 4, "alpha": 4.0, "init_seed": 0}

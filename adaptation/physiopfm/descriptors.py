@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 DESCRIPTOR_KINDS = ("shapelet", "raw")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 def simplex_etf(n_classes: int, width: int, seed: int = 0) -> torch.Tensor:

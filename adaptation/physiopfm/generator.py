@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from workbench.checkpoint import check_state_fits, load_tensors, read_metadata, save_tensors
-from workbench.errors import UserError
+from workbench.core.checkpoint import check_state_fits, load_tensors, read_metadata, save_tensors
+from workbench.core.errors import UserError
 
 WEIGHT_DECAY = 1e-5
 STD_FLOOR_RELATIVE = 1e-3  # a coordinate's std is at least this × the mean std over coordinates ...

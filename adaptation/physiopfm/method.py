@@ -50,18 +50,18 @@ from workbench.adaptation.physiopfm.descriptors import DESCRIPTOR_KINDS, class_p
 from workbench.adaptation.physiopfm.etf import EtfHead
 from workbench.adaptation.task_needs import ClassLabels, InputVectors
 
-from workbench import reuse
-from workbench.checkpoint import save_tensors, write_json
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.memory import PeakMemory
-from workbench.method import Method, PlanInputs, Stage
-from workbench.model import require
-from workbench.options import Option
-from workbench.registry import methods
+from workbench.core import reuse
+from workbench.core.checkpoint import save_tensors, write_json
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.memory import PeakMemory
+from workbench.core.method import Method, PlanInputs, Stage
+from workbench.core.model import require
+from workbench.core.options import Option
+from workbench.core.registry import methods
 
 if TYPE_CHECKING:
-    from workbench.task import Task, TaskData
+    from workbench.core.task import Task, TaskData
 
 log = logging.getLogger(__name__)
 GENERATORS = ("diffusion", "regressor")
@@ -208,7 +208,7 @@ class _BankMethod(Method):
         """Index of the candidate factors (m, P) whose model scores the highest balanced accuracy on the site's
         labelled examples (train and validation), by forward passes only (the first of equals); its score goes to
         ``selected_labelled_balanced_accuracy``."""
-        from workbench.metrics import balanced_accuracy
+        from workbench.core.metrics import balanced_accuracy
 
         labelled = list(data.train) + list(data.val)
         parameter = next(model.parameters())

@@ -1,9 +1,9 @@
 """MkDocs hook: ``<!-- options: NAME -->`` in a page becomes the options of workbench method NAME, read from the code.
 
-What replaces the marker comes from the method's class through the registry (`workbench.registry.methods`): its
-default learning rate, the model families and model declarations it needs (`workbench.model.NEEDS`), what it needs of
-the task (`workbench.task.CAPABILITIES` and the first line of each protocol's docstring, as the run's refusal says),
-and a table of its declared `workbench.options.Option`s — flag, type, default, choices and help, with the values that
+What replaces the marker comes from the method's class through the registry (`workbench.core.registry.methods`): its
+default learning rate, the model families and model declarations it needs (`workbench.core.model.NEEDS`), what it needs of
+the task (`workbench.core.task.CAPABILITIES` and the first line of each protocol's docstring, as the run's refusal says),
+and a table of its declared `workbench.core.options.Option`s — flag, type, default, choices and help, with the values that
 hold only beside other options' values (`Option.requires`) or that the method declines (`Option.refused`). So a page
 says what ``workbench adapt --method NAME --help`` says and cannot drift from it.
 
@@ -20,11 +20,11 @@ from typing import Any
 
 from mkdocs.exceptions import PluginError
 
-from workbench.errors import UserError
-from workbench.model import NEEDS
-from workbench.options import Option, needs
-from workbench.registry import methods
-from workbench.task import CAPABILITIES
+from workbench.core.errors import UserError
+from workbench.core.model import NEEDS
+from workbench.core.options import Option, needs
+from workbench.core.registry import methods
+from workbench.core.task import CAPABILITIES
 
 #: ``<!-- options: lora -->``; the name is every non-space character up to the comment's end.
 MARKER = re.compile(r"<!--\s*options:\s*(?P<name>[^\s>]*)\s*-->")

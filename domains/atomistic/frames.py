@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from workbench.device import device_of
-from workbench.errors import UserError
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
 
 try:  # mace-torch is the atomistic extra's; SevenNet's environment has PyTorch Geometric instead
     from mace import data as mace_data

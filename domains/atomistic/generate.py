@@ -38,7 +38,7 @@ from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 from workbench.domains.atomistic.units import EV_PER_KCAL_PER_MOL
 
-from workbench.checkpoint import atomic_path
+from workbench.core.checkpoint import atomic_path
 
 try:  # ase >= 3.29; older versions only have the (same) MaxwellBoltzmannDistribution
     from ase.md.velocitydistribution import thermalize_momenta

@@ -7,7 +7,7 @@ from typing import Mapping
 
 from matplotlib.figure import Figure
 
-from workbench.task import Evaluation
+from workbench.core.task import Evaluation
 
 
 def parity(evaluations: Mapping[str, Evaluation], out_dir: Path, name: str = "parity.png") -> tuple[str, str]:

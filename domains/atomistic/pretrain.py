@@ -22,9 +22,9 @@ from workbench.domains.atomistic.frames import Frame, collate, predict, to_graph
 from workbench.domains.atomistic.readers import frame_from_atoms
 from workbench.models.mace import FOUNDATION_ARCHITECTURE, build_mace, save_mace
 
-from workbench.device import place, resolve
-from workbench.errors import UserError
-from workbench.trainer import Trainer, TrainSettings
+from workbench.core.device import place, resolve
+from workbench.core.errors import UserError
+from workbench.core.trainer import Trainer, TrainSettings
 
 log = logging.getLogger(__name__)
 

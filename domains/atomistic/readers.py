@@ -11,7 +11,7 @@
   in ``row.data``), ``.traj``; energies in eV unless the file (schnetpack's unit metadata) or ``--units`` says.
 
 Records are frames. A frame without an energy or forces, or with NaN/inf in them, is a bad record: skipped into a
-`workbench.records.SkipReport` with a warning, or raised, as the ``on_bad_record`` policy says. A file whose
+`workbench.core.records.SkipReport` with a warning, or raised, as the ``on_bad_record`` policy says. A file whose
 structure is wrong (a missing field, mismatched shapes) is a `UserError` naming the file and field. Units are
 checked for plausibility: the force magnitudes must look like a molecule's, and where consecutive frames are close,
 energy differences must match the work of the forces; otherwise the reader says which unit the numbers look like.
@@ -40,10 +40,10 @@ from workbench.domains.atomistic.units import (
     length_unit,
 )
 
-from workbench.datacard import check_fields, load_card
-from workbench.errors import UserError, field_error
-from workbench.npz import load_npz
-from workbench.records import BadRecordError, SkipReport
+from workbench.core.datacard import check_fields, load_card
+from workbench.core.errors import UserError, field_error
+from workbench.core.npz import load_npz
+from workbench.core.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
 

@@ -59,12 +59,12 @@ from workbench.domains.atomistic.readers import (
 from workbench.domains.atomistic.units import EV_PER_ENERGY_UNIT
 from workbench.models.potentials import atomic_numbers_of, set_atomic_energies
 
-from workbench import resampled_metrics
-from workbench.errors import UserError
-from workbench.options import Option
-from workbench.records import SkipReport
-from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData, held_out_groups
+from workbench.core import resampled_metrics
+from workbench.core.errors import UserError
+from workbench.core.options import Option
+from workbench.core.records import SkipReport
+from workbench.core.registry import tasks
+from workbench.core.task import Evaluation, Task, TaskData, held_out_groups
 
 log = logging.getLogger(__name__)
 

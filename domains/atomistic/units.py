@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ase.units
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: 1 kcal/mol in eV (ase's CODATA value, 0.0433641 eV).
 EV_PER_KCAL_PER_MOL = ase.units.kcal / ase.units.mol

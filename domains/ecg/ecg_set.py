@@ -16,9 +16,9 @@ import numpy as np
 from workbench.domains.ecg.preprocess import LEADS, EcgPreprocessing
 from workbench.domains.ecg.wfdb_record import prepared_record
 
-from workbench.datacard import DataCard
-from workbench.errors import UserError
-from workbench.records import BadRecordError, Collector, SkipReport
+from workbench.core.datacard import DataCard
+from workbench.core.errors import UserError
+from workbench.core.records import BadRecordError, Collector, SkipReport
 
 #: PTB-XL's recommended split of its 10 stratified folds (``strat_fold``).
 PTBXL_FOLDS: dict[str, tuple[int, ...]] = {"train": (1, 2, 3, 4, 5, 6, 7, 8), "val": (9,), "test": (10,)}
@@ -99,7 +99,7 @@ def on_error_from_card(value: str | None, card: DataCard) -> str:
 
 class PreparedRecords(Collector):
     """Preprocessed records in reading order; bad ones are skipped or raised as ``on_error`` says, listed under the file
-    their problem names. Data files named outside ``root`` (`workbench.paths.PathOutsideData`) are never skipped: they
+    their problem names. Data files named outside ``root`` (`workbench.core.paths.PathOutsideData`) are never skipped: they
     stop the read."""
 
     def __init__(self, settings: EcgPreprocessing, n_max: int, on_error: str, root: Path, allow_outside: bool):

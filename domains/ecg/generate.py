@@ -54,7 +54,7 @@ from scipy.signal import butter, find_peaks, resample_poly, sosfilt
 from tqdm import tqdm
 from workbench.domains.ecg.preprocess import LEADS
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: neurokit2's ECGSYN wave parameters (P, Q, R, S, T): angles [deg], amplitudes, widths [rad].
 NK_TI_DEG = (-70.0, -15.0, 0.0, 15.0, 100.0)

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from workbench.task import Evaluation
+from workbench.core.task import Evaluation
 
 
 def roc_curves(evaluations: Mapping[str, Evaluation], classes: Sequence[str], out_dir: Path) -> tuple[str, str]:

@@ -37,10 +37,10 @@ from workbench.domains.signal import (
     zscore,
 )
 
-from workbench.errors import UserError
-
 # The standard 12 leads in the order every reader returns them (PTB-XL's and CinC 2021's order): the models' order.
 from workbench.models.ecg import LEADS  # noqa: E402
+
+from workbench.core.errors import UserError
 
 
 @dataclass(frozen=True)

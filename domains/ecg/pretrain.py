@@ -17,8 +17,8 @@ from workbench.domains.ecg.readers import SUPERCLASSES, read_embedded
 from workbench.domains.ecg.task import PREPROCESSING, SOURCE_SITES, PtbXl, _samples
 from workbench.models.ecg import ECGEncoder, save_ecg_model
 
-from workbench.metrics import multilabel_scores
-from workbench.trainer import Trainer, TrainSettings
+from workbench.core.metrics import multilabel_scores
+from workbench.core.trainer import Trainer, TrainSettings
 
 
 def pretrain(

@@ -33,9 +33,9 @@ from tqdm import tqdm
 from workbench.domains.ecg.ecg_set import EcgSet, PreparedRecords, multi_hot, on_error_from_card
 from workbench.domains.ecg.preprocess import EcgPreprocessing
 
-from workbench.datacard import load_card
-from workbench.errors import UserError, field_error
-from workbench.paths import confined
+from workbench.core.datacard import load_card
+from workbench.core.errors import UserError, field_error
+from workbench.core.paths import confined
 
 #: PTB-XL's superdiagnostic classes, in the order of the label columns.
 SUPERCLASSES: tuple[str, ...] = ("NORM", "MI", "STTC", "CD", "HYP")
@@ -212,7 +212,7 @@ def read_ptbxl(
         card: the data card naming the rates of the two columns and the default ``on_bad_record``.
         progress: show a progress bar.
         allow_outside: read records that ``filename_lr`` / ``filename_hr`` (or their headers) name outside ``root``
-            (``--allow-paths-outside``); by default such a path stops the read (`workbench.paths.PathOutsideData`).
+            (``--allow-paths-outside``); by default such a path stops the read (`workbench.core.paths.PathOutsideData`).
     """
     settings = settings or EcgPreprocessing()
     data_card = load_card(card)
@@ -386,7 +386,7 @@ def read_cinc2021(
         card: the data card giving the default ``on_bad_record``.
         progress: show a progress bar.
         allow_outside: read data files that headers name outside ``root`` (``--allow-paths-outside``); by
-            default such a header stops the read (`workbench.paths.PathOutsideData`).
+            default such a header stops the read (`workbench.core.paths.PathOutsideData`).
 
     Sites are the first folder below ``root`` (``cpsc_2018``, ``georgia``, ...), or for records directly
     in ``root`` the letters their name starts with (A, E, HR, I, JS, Q, S).

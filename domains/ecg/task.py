@@ -59,14 +59,14 @@ from workbench.domains.ecg.preprocess import EcgPreprocessing
 from workbench.domains.ecg.readers import EMBEDDED_PTBXL, SUPERCLASSES, read_cinc2021, read_embedded, read_ptbxl
 from workbench.domains.ecg.wfdb_record import read_record
 
-from workbench import resampled_metrics
-from workbench.device import device_of
-from workbench.errors import UserError, field_error
-from workbench.metrics import choose_thresholds, multilabel_scores
-from workbench.options import Option
-from workbench.records import BadRecordError
-from workbench.registry import tasks
-from workbench.task import Evaluation, Predictions, Task, TaskData, held_out_groups, to_device
+from workbench.core import resampled_metrics
+from workbench.core.device import device_of
+from workbench.core.errors import UserError, field_error
+from workbench.core.metrics import choose_thresholds, multilabel_scores
+from workbench.core.options import Option
+from workbench.core.records import BadRecordError
+from workbench.core.registry import tasks
+from workbench.core.task import Evaluation, Predictions, Task, TaskData, held_out_groups, to_device
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class PtbXl(Task):
     extra = "ecg"
     default_model = "ecg"
     default_method = "htuning"
-    capabilities = frozenset({"predict", "folds", "batch_loss"})
+    capabilities = frozenset({"predict", "folds"})
     #: "patient" (PTB-XL's layout, the embedded set); "record" for CinC 2021 folders, which have no patient ids.
     group_kind = "patient"
     item_kind = "record"

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 from workbench.domains.ecg.preprocess import LEADS, EcgPreprocessing, preprocess
 
-from workbench.errors import UserError
-from workbench.paths import confined
-from workbench.records import BadRecordError
+from workbench.core.errors import UserError
+from workbench.core.paths import confined
+from workbench.core.records import BadRecordError
 
 # WFDB storage formats: bytes per sample (for the size check) and the digital value meaning "no sample".
 _BYTES_PER_SAMPLE = {"8": 1, "16": 2, "24": 3, "32": 4, "61": 2, "80": 1, "160": 2, "212": 1.5, "310": 4 / 3,
@@ -78,7 +78,7 @@ def read_raw_record(
         BadRecordError: naming the file and the problem (missing or truncated file, a header field out of range
             — no signal, no or a negative sample count, a rate that is not a positive number, an unknown storage
             format —, header/data mismatch, checksum, missing lead, NaN samples, flat lead, unexpected rate,
-            unreadable file). `workbench.paths.PathOutsideData`: a data file named outside ``root``.
+            unreadable file). `workbench.core.paths.PathOutsideData`: a data file named outside ``root``.
     """
     import wfdb
 

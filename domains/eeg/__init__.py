@@ -23,7 +23,7 @@ from workbench.domains.eeg.readers import EegWindows, read_eeg_folder, read_reco
 from workbench.domains.eeg.sleep_simulator import PSG_RATE_HZ, draw_sleep_subjects, simulate_night
 from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, read_sleep_edf
 
-from workbench.records import BadRecordError, RecordProblem, SkipReport
+from workbench.core.records import BadRecordError, RecordProblem, SkipReport
 
 __all__ = [
     "PSG_RATE_HZ",

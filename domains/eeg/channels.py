@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 log = logging.getLogger(__name__)
 

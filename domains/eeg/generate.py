@@ -37,8 +37,8 @@ from workbench.domains.eeg.sleep_simulator import (
     simulate_night,
 )
 
-from workbench.checkpoint import atomic_folder
-from workbench.errors import UserError
+from workbench.core.checkpoint import atomic_folder
+from workbench.core.errors import UserError
 
 # ---------------------------------------------------------------- sleep (Sleep-EDF Expanded, sleep cassette)
 

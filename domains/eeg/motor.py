@@ -41,7 +41,7 @@ from workbench.domains.eeg.readers import (
     read_annotated_recording,
 )
 
-from workbench.errors import UserError, field_error
+from workbench.core.errors import UserError, field_error
 
 # ------------------------------------------------------------------------------- BCI Competition IV 2a
 #: The 22 EEG channels of BCI IV 2a, in the order of the files (the 10-20 names of Brunner et al. 2008, Fig. 3).

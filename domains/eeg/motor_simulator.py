@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from workbench.domains.eeg.noise import band_noise, pink_noise
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 MI_RATE_HZ = 160
 #: The written subset of EEGMMIDB's 64 channels (their spelling and order): the 3 × 3 grid around C3, Cz, C4.

@@ -27,7 +27,7 @@ by the task's own reader and scaled as the task scales (µV / 100): for ``sleepe
 EEGMMIDB subjects with imagery runs 4, 6, 8 and 10, every 4 s window of the 3 × 3 sensorimotor grid, rest included.
 The labels are never used. The last two subjects are held out for validation (early stopping).
 
-Optimisation: `workbench.trainer.Trainer` (Adam/AMSGrad, lr 1e-3, batch 32, EMA 0.99, plateau schedule, patience
+Optimisation: `workbench.core.trainer.Trainer` (Adam/AMSGrad, lr 1e-3, batch 32, EMA 0.99, plateau schedule, patience
 20); a fresh random mask every training step (torch's generator, seeded by ``--seed``), the same masks at every
 validation.
 
@@ -55,9 +55,9 @@ from workbench.domains.eeg.readers import EegWindows
 from workbench.domains.eeg.sleep_simulator import SleepCohort
 from workbench.models.eeg import LabramClassifier
 
-from workbench.checkpoint import save_tensors
-from workbench.device import device_of, place, resolve
-from workbench.trainer import Trainer, TrainSettings
+from workbench.core.checkpoint import save_tensors
+from workbench.core.device import device_of, place, resolve
+from workbench.core.trainer import Trainer, TrainSettings
 
 #: Seed of the generated pretraining subjects (the embedded adaptation sets use 2026).
 PRETRAIN_SEED = 7

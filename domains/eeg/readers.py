@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 from workbench.domains.eeg.channels import ChannelSelection, interpolation_sources, match_channels, select_channels
 
-from workbench.datacard import load_card
-from workbench.errors import UserError
-from workbench.records import BadRecordError, Collector, SkipReport
+from workbench.core.datacard import load_card
+from workbench.core.errors import UserError
+from workbench.core.records import BadRecordError, Collector, SkipReport
 
 ON_ERROR = ("skip", "raise")
 UNKNOWN = ("error", "ignore")

@@ -65,7 +65,7 @@ import numpy as np
 from scipy.signal import butter, sawtooth, sosfilt
 from workbench.domains.eeg.noise import band_noise, pink_noise
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 PSG_RATE_HZ = 100
 EPOCH_S = 30

@@ -45,8 +45,8 @@ from workbench.domains.eeg.readers import (
     read_recording,
 )
 
-from workbench.errors import UserError
-from workbench.records import BadRecordError
+from workbench.core.errors import UserError
+from workbench.core.records import BadRecordError
 
 #: AASM classes, in label order.
 SLEEP_CLASSES: tuple[str, ...] = ("W", "N1", "N2", "N3", "REM")

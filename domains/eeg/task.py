@@ -82,10 +82,10 @@ from workbench.domains.eeg.sleepedf import SLEEP_CLASSES, SLEEP_EDF_CHANNELS, re
 from workbench.domains.eeg.window_task import EegData, EegTask
 from workbench.models.eeg import CHECKPOINTS
 
-from workbench.errors import UserError
-from workbench.options import Option
-from workbench.registry import tasks
-from workbench.task import Evaluation
+from workbench.core.errors import UserError
+from workbench.core.options import Option
+from workbench.core.registry import tasks
+from workbench.core.task import Evaluation
 
 EMBEDDED = Path(__file__).resolve().parent / "embedded"
 EMBEDDED_SLEEP = EMBEDDED / "sleep-edf"

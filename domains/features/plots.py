@@ -8,7 +8,7 @@ from typing import Mapping
 import numpy as np
 from matplotlib.figure import Figure
 
-from workbench.task import Evaluation
+from workbench.core.task import Evaluation
 
 
 def confusion_matrices(

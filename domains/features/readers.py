@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench.datacard import check_fields, load_card
-from workbench.errors import UserError, field_error
-from workbench.npz import load_npz
+from workbench.core.datacard import check_fields, load_card
+from workbench.core.errors import UserError, field_error
+from workbench.core.npz import load_npz
 
 EXTENSIONS = ("npz", "csv", "parquet")
 

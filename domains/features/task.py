@@ -33,13 +33,13 @@ from workbench.domains.features.partial_da import make_partial_da
 from workbench.domains.features.readers import FeatureSet, ShiftProblem, read_feature_pair
 from workbench.models.mlp import FeatureNet
 
-from workbench import resampled_metrics
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.metrics import classification_scores
-from workbench.options import Option
-from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData, held_out_groups
+from workbench.core import resampled_metrics
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.metrics import classification_scores
+from workbench.core.options import Option
+from workbench.core.registry import tasks
+from workbench.core.task import Evaluation, Task, TaskData, held_out_groups
 
 #: Methods that weight samples by a density ratio: they get the covariate-shift problem by default.
 DENSITY_RATIO_METHODS = ("dre-pp", "dre-ulsif", "dre-kliep", "dre-logistic")
@@ -56,8 +56,7 @@ class FeatureSample:
 
 
 class FeatureBatch(NamedTuple):
-    """x (batch, d), y (batch,) int64 or float32, ids (batch,) int64 — on one device. A named tuple: torch's
-    function transforms see its tensors (several seeds' batches stack, `workbench.seed_batch`)."""
+    """x (batch, d), y (batch,) int64 or float32, ids (batch,) int64 — on one device."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -78,7 +77,7 @@ class FeatureShift(Task):
     extra = "shift"
     default_model = "mlp"
     default_method = "warmpot"
-    capabilities = frozenset({"target_pool", "folds", "batch_loss"})
+    capabilities = frozenset({"target_pool", "folds"})
     group_kind = "target row"
     item_kind = "target row"
     baselines = ("pada", "full", "oracle")
@@ -367,7 +366,7 @@ class FeatureShift(Task):
         problem = generated_problem(self.config["problem"], self.config["dim"], seed)
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        from workbench.checkpoint import atomic_path
+        from workbench.core.checkpoint import atomic_path
 
         for name, domain in (("source", problem.source), ("target", problem.target)):
             with atomic_path(out / f"{name}.npz") as tmp:

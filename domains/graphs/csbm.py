@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from workbench.domains.graphs.graph import Graph, make_graph
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: Class indices must lie below this (int32's range); anything larger is a damaged label, not a class.
 MAX_CLASS_INDEX = 2**31

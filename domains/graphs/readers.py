@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from workbench.domains.graphs.graph import Graph, make_graph
 
-from workbench.errors import UserError, field_error
+from workbench.core.errors import UserError, field_error
 
 #: One-hot degree features of graphs without node attributes: degrees 0..7, larger ones in the last bin.
 AIRPORT_MAX_DEGREE = 7

@@ -50,13 +50,13 @@ from workbench.domains.graphs.graph import Graph, describe, homophily
 from workbench.domains.graphs.readers import GraphPair, read_graph_pair
 from workbench.models.graph import GraphNet
 
-from workbench import resampled_metrics
-from workbench.errors import UserError
-from workbench.metrics import classification_scores
-from workbench.options import Option
-from workbench.records import SkipReport
-from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData, held_out_groups
+from workbench.core import resampled_metrics
+from workbench.core.errors import UserError
+from workbench.core.metrics import classification_scores
+from workbench.core.options import Option
+from workbench.core.records import SkipReport
+from workbench.core.registry import tasks
+from workbench.core.task import Evaluation, Task, TaskData, held_out_groups
 
 log = logging.getLogger("workbench")
 
@@ -384,7 +384,7 @@ class CSBMTask(Task):
         """Write the generated pair as PyG ``Data`` files ``source.pt`` / ``target.pt`` (read back with --data)."""
         from torch_geometric.data import Data
 
-        from workbench.checkpoint import atomic_path
+        from workbench.core.checkpoint import atomic_path
 
         seed = 0 if seed is None else seed
         source, target = make_csbm_pair(self.settings(), seed)

@@ -55,8 +55,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from workbench.checkpoint import atomic_folder
-from workbench.errors import UserError
+from workbench.core.checkpoint import atomic_folder
+from workbench.core.errors import UserError
 
 TASK_TYPES = ("vqa-closed", "vqa-open", "report", "reconstruct", "super-resolution", "modality-conversion")
 COMPREHENSION_TASKS = TASK_TYPES[:3]

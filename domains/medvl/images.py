@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: The smallest side an input image may have [px].
 MIN_IMAGE_PX = 32

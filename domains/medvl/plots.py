@@ -13,7 +13,7 @@ from typing import Mapping
 import numpy as np
 from matplotlib.figure import Figure
 
-from workbench.task import Evaluation
+from workbench.core.task import Evaluation
 
 #: The scores drawn as bars, with their labels (all in [0, 1], higher is better).
 SCORES = {

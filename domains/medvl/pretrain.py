@@ -61,7 +61,7 @@ from workbench.domains.medvl.generate import (
 from workbench.models.medvl import BOS, EOS, IGNORE, PAD, SEP, MedVL, MedVLConfig, WordTokenizer, save_medvl
 from workbench.models.vq import psnr, ssim
 
-from workbench.device import device_of, place, resolve
+from workbench.core.device import device_of, place, resolve
 
 #: Seed of every generated pretraining corpus (the embedded set uses 0).
 PRETRAIN_SEED = 7
@@ -294,7 +294,7 @@ def pretrain(
             held-out part.
         text_subjects: (train, held-out) subjects of the text corpus (8 records each).
         threads: torch CPU threads.
-        device: where it trains (`workbench.device.resolve`).
+        device: where it trains (`workbench.core.device.resolve`).
     """
     started = time.time()
     torch.set_num_threads(threads)

@@ -38,11 +38,11 @@ pickle runs whatever code it holds (the card ``pathvqa`` says how to export them
 The readers do not load images (the task does, with `workbench.domains.medvl.images.load_image`); they check that
 every image file exists and lies inside the data folder (the folder given, or the JSON's folder; links followed,
 and every file of a DICOM series folder too): a record naming an image outside it (``../../x.png``, an absolute
-path, a link out) stops the read with a `workbench.paths.PathOutsideData` naming the file, the record and the
+path, a link out) stops the read with a `workbench.core.paths.PathOutsideData` naming the file, the record and the
 field, unless ``allow_outside`` (``--allow-paths-outside``); PathVQA's images in the folders above its JSON count as
 outside. A problem confined to one record (a missing field, an unknown task, a missing image) is a
-`workbench.records.BadRecordError` naming the file, the record (index and id) and the field: raised, or, when the
-caller passes a `workbench.records.SkipReport`, added to it and the record left out. A problem with the whole file
+`workbench.core.records.BadRecordError` naming the file, the record (index and id) and the field: raised, or, when the
+caller passes a `workbench.core.records.SkipReport`, added to it and the record left out. A problem with the whole file
 (not JSON, no layout fits, nothing usable) is a `UserError`.
 """
 
@@ -58,9 +58,9 @@ from typing import Any, Iterable, Sequence
 
 from workbench.domains.medvl.generate import GENERATION_TASKS, TASK_TYPES
 
-from workbench.errors import UserError
-from workbench.paths import PathOutsideData, confined
-from workbench.records import BadRecordError, SkipReport
+from workbench.core.errors import UserError
+from workbench.core.paths import PathOutsideData, confined
+from workbench.core.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +381,7 @@ def read_json(
         language: SLAKE's ``q_lang`` kept: "en", "zh" or "all" (`LANGUAGES`); ignored by the other layouts.
         data_folder: the folder the user gave, which every image must resolve inside (default: the JSON's folder;
             images looked for under ``image_root`` must resolve inside it). A record naming one outside (``..``, an
-            absolute path, a link out) is a `workbench.paths.PathOutsideData`, which stops the read: never skipped.
+            absolute path, a link out) is a `workbench.core.paths.PathOutsideData`, which stops the read: never skipped.
         allow_outside: read such images anyway (``--allow-paths-outside``).
     """
     path = Path(path)

@@ -75,14 +75,14 @@ from workbench.domains.medvl.readers import (
 )
 from workbench.models.medvl import KINDS, UNK, MedVLConfig
 
-from workbench import resampled_metrics
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.model import spec_of
-from workbench.options import Option
-from workbench.records import BadRecordError, SkipReport
-from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData, held_out_groups, to_device
+from workbench.core import resampled_metrics
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.model import spec_of
+from workbench.core.options import Option
+from workbench.core.records import BadRecordError, SkipReport
+from workbench.core.registry import tasks
+from workbench.core.task import Evaluation, Task, TaskData, held_out_groups, to_device
 
 log = logging.getLogger(__name__)
 

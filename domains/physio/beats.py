@@ -35,8 +35,8 @@ from typing import Mapping, Sequence
 import numpy as np
 from workbench.domains.ecg import read_raw_record
 
-from workbench.errors import UserError
-from workbench.records import BadRecordError, SkipReport
+from workbench.core.errors import UserError
+from workbench.core.records import BadRecordError, SkipReport
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ def read_beat_folder(
         on_error: ``"raise"`` (default) or ``"skip"`` a bad record (warned about and reported in ``skipped``).
         progress: a progress bar over the records.
         allow_outside: read data files that headers name outside ``root`` (``--allow-paths-outside``); by default
-            such a header stops the read (`workbench.paths.PathOutsideData`, never a skipped record).
+            such a header stops the read (`workbench.core.paths.PathOutsideData`, never a skipped record).
 
     Raises:
         UserError: no annotated record under ``root``, a bad option, no beat at all; with ``on_error="raise"`` the

@@ -44,8 +44,8 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from workbench.checkpoint import atomic_folder
-from workbench.errors import UserError
+from workbench.core.checkpoint import atomic_folder
+from workbench.core.errors import UserError
 
 #: ECGSYN's normal beat (neurokit2's defaults): angles [°], heights and widths of P, Q, R, S, T.
 NORMAL_WAVES = {

@@ -13,7 +13,7 @@
   100 Hz resampled to 250 Hz, at most 400 segments.
 
 Objective: causal next-patch prediction, as a GPT is pretrained on text: a linear decoder maps the backbone's
-output at patch t to patch t + 1, mean squared error over the segment. Optimisation: `workbench.trainer.Trainer`
+output at patch t to patch t + 1, mean squared error over the segment. Optimisation: `workbench.core.trainer.Trainer`
 (Adam/AMSGrad lr 1e-3, batch 64, EMA 0.99, plateau schedule, patience 15), 10 % of the segments (every tenth)
 for validation. Saved: the backbone without its head, in `PatchGPT`'s key layout, the architecture and provenance
 in the safetensors metadata (`workbench.models.physio.load_patch_gpt_backbone` reads it).
@@ -34,9 +34,9 @@ from scipy.signal import resample_poly
 from torch import nn
 from workbench.models.physio import BACKBONE_RATE_HZ, PatchGPT
 
-from workbench.checkpoint import save_tensors
-from workbench.device import device_of, place, resolve
-from workbench.trainer import Trainer, TrainSettings
+from workbench.core.checkpoint import save_tensors
+from workbench.core.device import device_of, place, resolve
+from workbench.core.trainer import Trainer, TrainSettings
 
 #: Seed of the generated corpus (the embedded sites use 2026).
 PRETRAIN_SEED = 7

@@ -55,8 +55,8 @@ from workbench.domains.physio.generate import (
     write_wfdb,
 )
 
-from workbench.checkpoint import atomic_folder
-from workbench.errors import UserError
+from workbench.core.checkpoint import atomic_folder
+from workbench.core.errors import UserError
 
 #: Every site parameter's range (continuous ones: low, high; ``fs_hz``: the rates drawn from).
 RANGES = {

@@ -71,14 +71,14 @@ from workbench.domains.physio.beats import (
 from workbench.domains.splits import held_out_subjects, split_subjects
 from workbench.models.physio import BACKBONE_RATE_HZ
 
-from workbench import resampled_metrics
-from workbench.errors import UserError
-from workbench.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1, per_class_recall
-from workbench.model import spec_of
-from workbench.options import Option
-from workbench.records import BadRecordError, SkipReport
-from workbench.registry import tasks
-from workbench.task import Evaluation, Predictions, Task, TaskData, to_device
+from workbench.core import resampled_metrics
+from workbench.core.errors import UserError
+from workbench.core.metrics import accuracy, balanced_accuracy, cohen_kappa, macro_f1, per_class_recall
+from workbench.core.model import spec_of
+from workbench.core.options import Option
+from workbench.core.records import BadRecordError, SkipReport
+from workbench.core.registry import tasks
+from workbench.core.task import Evaluation, Predictions, Task, TaskData, to_device
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 def split_quantile(scores: np.ndarray, alpha: float) -> float:
@@ -127,7 +127,7 @@ def density_ratio_weights(calibration: np.ndarray, batch: np.ndarray, estimator:
 def density_ratio_estimator(name: str, seed: int) -> Any:
     """The density-ratio estimator of the registered weighting method ``name`` (its ``make_estimator``), on the
     CPU; a `UserError` naming the choices when ``name`` makes none."""
-    from workbench.registry import methods
+    from workbench.core.registry import methods
 
     method = methods.get(name)()
     if not hasattr(method, "make_estimator"):

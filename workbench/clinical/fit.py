@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from workbench.checkpoint import atomic_path, write_json
 from workbench.clinical import calibration, conformal, shift_alarm
-from workbench.device import device_of
-from workbench.errors import UserError
-from workbench.npz import load_npz
-from workbench.task import Task, TaskData
+from workbench.core.checkpoint import atomic_path, write_json
+from workbench.core.device import device_of
+from workbench.core.errors import UserError
+from workbench.core.npz import load_npz
+from workbench.core.task import Task, TaskData
 
 log = logging.getLogger("workbench")
 

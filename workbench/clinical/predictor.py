@@ -17,7 +17,6 @@ calibration, conformal and shift are then None.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from collections import deque
@@ -28,13 +27,16 @@ import numpy as np
 from torch import nn
 
 from workbench.clinical import calibration, conformal, fit, shift_alarm
-from workbench.errors import UserError
-from workbench.task import Predictions, Task
+from workbench.core.errors import UserError
+from workbench.core.registry import role
+from workbench.core.seal import sha256_file
+from workbench.core.task import Predictions, Task
 
-#: The registered method whose density-ratio estimator weighs the calibration items (`make_estimator`): the
-#: logistic classifier between the samples. On 64 penultimate features the kernel estimators (uLSIF, KLIEP) chose
-#: flat weights where it recovered the true ratio (benchmarks/conformal_shift.py).
-DENSITY_RATIO = "dre-logistic"
+#: The role whose registered method's density-ratio estimator weighs the calibration items (`make_estimator`;
+#: `workbench.core.registry.role`). The workbench's plug-ins fill it with the logistic classifier between the
+#: samples: on 64 penultimate features the kernel estimators (uLSIF, KLIEP) chose flat weights where it recovered the
+#: true ratio (benchmarks/conformal_shift.py).
+DENSITY_RATIO = "density-ratio"
 #: Fewest incoming items (batch + window), and fewest calibration items, from which the weights are estimated;
 #: below, split conformal (a density ratio from a handful of points is noise).
 MIN_WEIGHTED = 20
@@ -44,9 +46,10 @@ class ClinicalPredictor:
     """A finished run, loaded once, answering for clinical use."""
 
     def __init__(self, path: Path, config: Any, task: Task, model: nn.Module, adapter: dict[str, Any],
-                 sealed: dict[str, Any], *, shift_window: int = 64, density_ratio: str = DENSITY_RATIO):  # fmt: skip
+                 sealed: dict[str, Any], *, shift_window: int = 64, density_ratio: str | None = None):  # fmt: skip
         self.path, self.config, self.task, self.model = Path(path), config, task, model.eval()
-        self.adapter, self.sealed, self.density_ratio = adapter, sealed, density_ratio
+        self.adapter, self.sealed = adapter, sealed
+        self._density_ratio = density_ratio
         self.state = adapter["task_state"]
         artifacts = fit.read_artifacts(self.path)
         self.summary, arrays = artifacts if artifacts is not None else (None, {})
@@ -64,17 +67,17 @@ class ClinicalPredictor:
 
     @classmethod
     def load(cls, run: str | Path, *, trust_modified: bool = False, shift_window: int = 64,
-             density_ratio: str = DENSITY_RATIO, device: str = "auto") -> "ClinicalPredictor":  # fmt: skip
-        """Verify ``run`` against its seal (`workbench.seal.check_run`), then load its task and merged model once, on
-        ``device`` (`workbench.device.resolve`).
+             density_ratio: str | None = None, device: str = "auto") -> "ClinicalPredictor":  # fmt: skip
+        """Verify ``run`` against its seal (`workbench.core.seal.check_run`), then load its task and merged model once,
+        on ``device`` (`workbench.core.device.resolve`).
 
         Raises:
             UserError: a file changed after the run finished (unless ``trust_modified``), not a finished run, or a
                 task without batch prediction.
         """
-        from workbench.registry import tasks
-        from workbench.run import Run
-        from workbench.seal import check_run
+        from workbench.core.finished import Run
+        from workbench.core.registry import tasks
+        from workbench.core.seal import check_run
 
         config = Run.read_config(run)
         task = tasks.get(config.task)(**config.task_options)
@@ -87,12 +90,17 @@ class ClinicalPredictor:
         return cls(finished.path, config, task, finished.model, adapter, sealed, shift_window=shift_window,
                    density_ratio=density_ratio)  # fmt: skip
 
+    @property
+    def density_ratio(self) -> str:
+        """The registered method whose estimator weighs the calibration items: the one given, else the one that
+        fills the `DENSITY_RATIO` role (looked up when first needed: its module imports its own libraries)."""
+        if self._density_ratio is None:
+            self._density_ratio = role(DENSITY_RATIO)
+        return self._density_ratio
+
     def describe(self) -> dict[str, Any]:
         """What answers: task, method, hashes, version, calibration, conformal, shift, intended use (JSON-able)."""
         import workbench
-
-        def sha256(path: Path) -> str:
-            return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
         summary = self.summary
         calibration_part = conformal_part = shift_part = None
@@ -113,8 +121,9 @@ class ClinicalPredictor:
             "task": self.config.task,
             "method": self.adapter["method"],
             "method_options": self.adapter["options"],
-            "adapter_sha256": sha256(self.path / "adapter.safetensors"),
-            "base_model": {str(p): sha256(p) for p in self.task.model_files(self.config.model) if Path(p).is_file()},
+            "adapter_sha256": sha256_file(self.path / "adapter.safetensors"),
+            "base_model": {str(p): sha256_file(p) for p in self.task.model_files(self.config.model)
+                           if Path(p).is_file()},  # fmt: skip
             "workbench_version": workbench.__version__,
             "run": str(self.path),
             "run_seal": self.sealed,

@@ -1,7 +1,7 @@
 """A shift alarm: does a batch of inputs look like the data the model was adapted on? An MMD two-sample test on
 the model's own features, with a permutation p-value.
 
-Features: what the model's head reads (a forward pre-hook on the module its `workbench.model.ModelSpec` names as
+Features: what the model's head reads (a forward pre-hook on the module its `workbench.core.model.ModelSpec` names as
 ``head``; the last ``nn.Linear`` for a model that declares none), flattened per item: the penultimate layer.
 
 Statistic: the (biased, V-statistic) squared maximum mean discrepancy between the reference features ``X`` (n, d)
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from workbench.model import spec_of
+from workbench.core.model import spec_of
 
 #: Level of the verdict.
 ALPHA = 0.05

@@ -44,7 +44,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 import workbench
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 from workbench.serve.audit import AuditLog
 from workbench.serve.auth import Tokens
 from workbench.serve.limits import Limits, too_large
@@ -90,69 +90,112 @@ def create_app(predictor: Any, tokens: Tokens, audit: AuditLog, limits: Limits, 
         intake: the folder JSON requests may name paths in (resolved); None refuses such requests.
         workers: threads that run ``predictor.answer``.
     """
-    description = predictor.describe()
-    model = {key: description.get(key) for key in MODEL_KEYS}
-    executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="workbench-predict")
+    service = _Service(predictor, tokens, audit, limits, intake, workers)
+    app = FastAPI(title="workbench", version=workbench.__version__, docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=service.lifespan)  # fmt: skip
+    app.exception_handler(Exception)(_fault)
+    app.get("/health")(service.health)
+    app.get("/model")(service.describe)
+    app.post("/predict")(service.predict)
+    return Gate(app)
+
+
+def _refusal(status: int, detail: str, request_id: str | None = None, **headers: str) -> JSONResponse:
+    """A one-line JSON refusal: ``{"detail"}``, with ``request_id`` when given."""
+    body = {"detail": detail} if request_id is None else {"detail": detail, "request_id": request_id}
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+def _unauthorised() -> JSONResponse:
+    """401 asking for a bearer token."""
+    return _refusal(401, "a bearer token is required: Authorization: Bearer <token>", **{"WWW-Authenticate":
+                    "Bearer"})  # fmt: skip
+
+
+async def _fault(request: Request, error: Exception) -> JSONResponse:
+    """A route's bug: logged with its traceback, never a trace to clients."""
+    log.exception("%s %s failed", request.method, request.url.path)
+    return _refusal(500, "internal error of the server; its log has the details")
+
+
+class _Service:
+    """What the routes share (predictor, tokens, audit log, limits, intake folder, executor); its methods are the
+    routes."""
+
+    def __init__(self, predictor: Any, tokens: Tokens, audit: AuditLog, limits: Limits, intake: Path | None,
+                 workers: int):  # fmt: skip
+        self.predictor, self.tokens, self.audit, self.limits, self.intake = predictor, tokens, audit, limits, intake
+        description = predictor.describe()
+        self.model = {key: description.get(key) for key in MODEL_KEYS}
+        self.executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="workbench-predict")
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> Any:
+    async def lifespan(self, app: FastAPI) -> Any:
+        """The app's lifespan: at shutdown, waits for the executor."""
         yield
-        executor.shutdown(wait=True)  # answers still running (past their timeout) finish and remove their folders
+        self.executor.shutdown(wait=True)  # answers still running (past their timeout) finish and remove their folders
 
-    app = FastAPI(title="workbench", version=workbench.__version__, docs_url=None, redoc_url=None, openapi_url=None,
-                  lifespan=lifespan)  # fmt: skip
-
-    def refusal(status: int, detail: str, request_id: str | None = None, **headers: str) -> JSONResponse:
-        body = {"detail": detail} if request_id is None else {"detail": detail, "request_id": request_id}
-        return JSONResponse(body, status_code=status, headers=headers or None)
-
-    def unauthorised() -> JSONResponse:
-        return refusal(401, "a bearer token is required: Authorization: Bearer <token>", **{"WWW-Authenticate":
-                       "Bearer"})  # fmt: skip
-
-    @app.exception_handler(Exception)
-    async def _fault(request: Request, error: Exception) -> JSONResponse:  # a route's bug: never a trace to clients
-        log.exception("%s %s failed", request.method, request.url.path)
-        return refusal(500, "internal error of the server; its log has the details")
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
+    async def health(self) -> dict[str, str]:
+        """``GET /health``."""
         return {"status": "ok"}
 
-    @app.get("/model")
-    async def describe(request: Request) -> Any:
-        if tokens.caller(request.headers.get("authorization")) is None:
-            return unauthorised()
-        return await run_in_threadpool(predictor.describe)
+    async def describe(self, request: Request) -> Any:
+        """``GET /model``: the predictor's ``describe()``."""
+        if self.tokens.caller(request.headers.get("authorization")) is None:
+            return _unauthorised()
+        return await run_in_threadpool(self.predictor.describe)
 
-    @app.post("/predict")
-    async def predict(request: Request) -> JSONResponse:
-        caller = tokens.caller(request.headers.get("authorization"))
+    async def predict(self, request: Request) -> JSONResponse:
+        """``POST /predict``: the answer or refusal, sent only once its audit line is written."""
+        caller = self.tokens.caller(request.headers.get("authorization"))
         if caller is None:
             log.warning("refused a /predict request from %s: no valid token", request.client)
-            return unauthorised()
+            return _unauthorised()
         request_id, started = uuid.uuid4().hex, time.monotonic()
-        folder = RequestFolder(Path(tempfile.mkdtemp(prefix="workbench-serve-")), limits.max_request_bytes,
-                               limits.max_files)  # fmt: skip
+        folder = RequestFolder(Path(tempfile.mkdtemp(prefix="workbench-serve-")), self.limits.max_request_bytes,
+                               self.limits.max_files)  # fmt: skip
+        answers, status, detail = await self._outcome(request, request_id, folder)
+        detail = _without_folder(detail, folder.folder)
+        for answer in answers or ():
+            answer["status"] = _without_folder(answer.get("status"), folder.folder)
+        entry = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "request_id": request_id,
+            "caller": caller,
+            "http_status": status,
+            "input_sha256": folder.sha256 if folder.digests else None,
+            "input_files": sorted(folder.digests),
+            "model": self.model,
+            "workbench_version": workbench.__version__,
+            "outputs": answers,
+            "shift": next((a.get("shift") for a in answers or () if a.get("shift") is not None), None),
+            "detail": detail,
+            "seconds": round(time.monotonic() - started, 6),
+        }
+        try:
+            await run_in_threadpool(self.audit.append, entry)
+        except (OSError, ValueError):
+            log.exception("request %s: the audit line could not be written; no answer is given", request_id)
+            return _refusal(503, "the audit log cannot be written: no answer is given without its audit line",
+                            request_id)  # fmt: skip
+        if status != 200:
+            return _refusal(status, detail, request_id)
+        body = {"request_id": request_id, "input_sha256": entry["input_sha256"], "model": self.model,
+                "results": answers}  # fmt: skip
+        return JSONResponse(body, headers={"X-Request-ID": request_id})
+
+    async def _outcome(self, request: Request, request_id: str,
+                       folder: RequestFolder) -> tuple[list[dict[str, Any]] | None, int, str | None]:  # fmt: skip
+        """The request's answers (None when refused), HTTP status and refusal detail, within ``timeout_s``; removes
+        ``folder`` unless the thread answering owns it."""
         answers: list[dict[str, Any]] | None = None
         progress: dict[str, Any] = {"phase": "reading the request", "job": None}
-
-        async def handle() -> list[dict[str, Any]]:
-            await _receive(request, folder)
-            for path in sorted(folder.folder.iterdir()):
-                problem = too_large(path, limits)
-                if problem:
-                    raise Refused(413, problem)
-            progress["phase"] = "answering"
-            progress["job"] = executor.submit(_answer_then_remove, predictor, folder.folder)
-            return await asyncio.wrap_future(progress["job"])
-
         try:
-            answers = await asyncio.wait_for(handle(), limits.timeout_s)
+            answers = await asyncio.wait_for(self._handle(request, folder, progress), self.limits.timeout_s)
             status, detail = _status_of(answers)
         except asyncio.TimeoutError:
             status = 408 if progress["phase"] == "reading the request" else 504
-            detail = f"no answer within {limits.timeout_s:g} s ({progress['phase']}; --timeout-s)"
+            detail = f"no answer within {self.limits.timeout_s:g} s ({progress['phase']}; --timeout-s)"
         except Refused as error:
             status, detail = error.status, str(error)
         except HTTPException as error:  # the form parser's refusals (too many files or fields, a malformed body)
@@ -166,37 +209,23 @@ def create_app(predictor: Any, tokens: Tokens, audit: AuditLog, limits: Limits, 
             job = progress["job"]
             if job is None or job.cancelled():  # else the thread answering owns the folder
                 shutil.rmtree(folder.folder, ignore_errors=True)
-        detail = _without_folder(detail, folder.folder)
-        for answer in answers or ():
-            answer["status"] = _without_folder(answer.get("status"), folder.folder)
-        entry = {
-            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-            "request_id": request_id,
-            "caller": caller,
-            "http_status": status,
-            "input_sha256": folder.sha256 if folder.digests else None,
-            "input_files": sorted(folder.digests),
-            "model": model,
-            "workbench_version": workbench.__version__,
-            "outputs": answers,
-            "shift": next((a.get("shift") for a in answers or () if a.get("shift") is not None), None),
-            "detail": detail,
-            "seconds": round(time.monotonic() - started, 6),
-        }
-        try:
-            await run_in_threadpool(audit.append, entry)
-        except (OSError, ValueError):
-            log.exception("request %s: the audit line could not be written; no answer is given", request_id)
-            return refusal(503, "the audit log cannot be written: no answer is given without its audit line",
-                           request_id)  # fmt: skip
-        if status != 200:
-            return refusal(status, detail, request_id)
-        body = {"request_id": request_id, "input_sha256": entry["input_sha256"], "model": model, "results": answers}
-        return JSONResponse(body, headers={"X-Request-ID": request_id})
+        return answers, status, detail
 
-    async def _receive(request: Request, folder: RequestFolder) -> None:
+    async def _handle(self, request: Request, folder: RequestFolder, progress: dict[str, Any]) -> list[dict[str, Any]]:
+        """Receives and checks the record, then answers it on the executor; ``progress`` has the phase and the job."""
+        await self._receive(request, folder)
+        for path in sorted(folder.folder.iterdir()):
+            problem = too_large(path, self.limits)
+            if problem:
+                raise Refused(413, problem)
+        progress["phase"] = "answering"
+        progress["job"] = self.executor.submit(_answer_then_remove, self.predictor, folder.folder)
+        return await asyncio.wrap_future(progress["job"])
+
+    async def _receive(self, request: Request, folder: RequestFolder) -> None:
         """The request's record into ``folder``: checked headers first, then the multipart files or the intake
         path's files."""
+        limits = self.limits
         length = request.headers.get("content-length")
         if length is None:
             raise Refused(411, "a Content-Length header is required")
@@ -216,27 +245,29 @@ def create_app(predictor: Any, tokens: Tokens, audit: AuditLog, limits: Limits, 
                     else:
                         await run_in_threadpool(folder.add_text, safe_name(f"{field}.txt"), value)
         elif kind == "application/json":
-            try:
-                body = await request.json()
-            except ValueError as error:
-                raise Refused(400, f"JSON body: not valid JSON ({error})") from None
-            if not isinstance(body, dict) or "path" not in body:
-                raise Refused(400, "JSON body: expected {\"path\": \"<path inside the intake folder>\"}")
-            if intake is None:
-                raise Refused(400, "this server has no intake folder (workbench serve --intake): upload the files")
-            for path in await run_in_threadpool(intake_files, intake, body["path"]):
-                with open_plain(path) as source:
-                    await run_in_threadpool(folder.add, safe_name(path.name), source)
-            for field, value in body.items():
-                if field != "path":
-                    if not isinstance(value, str):
-                        raise Refused(400, f"JSON body: field {field!r}: expected a string")
-                    await run_in_threadpool(folder.add_text, safe_name(f"{field}.txt"), value)
+            await self._receive_json(request, folder)
         else:
             raise Refused(415, f"Content-Type {kind or '(none)'!r}: expected multipart/form-data (the record's files) "
                                "or application/json ({\"path\": ...})")  # fmt: skip
 
-    return Gate(app)
+    async def _receive_json(self, request: Request, folder: RequestFolder) -> None:
+        """A JSON request's record into ``folder``: the intake path's files, other fields as ``<field>.txt``."""
+        try:
+            body = await request.json()
+        except ValueError as error:
+            raise Refused(400, f"JSON body: not valid JSON ({error})") from None
+        if not isinstance(body, dict) or "path" not in body:
+            raise Refused(400, "JSON body: expected {\"path\": \"<path inside the intake folder>\"}")
+        if self.intake is None:
+            raise Refused(400, "this server has no intake folder (workbench serve --intake): upload the files")
+        for path in await run_in_threadpool(intake_files, self.intake, body["path"]):
+            with open_plain(path) as source:
+                await run_in_threadpool(folder.add, safe_name(path.name), source)
+        for field, value in body.items():
+            if field != "path":
+                if not isinstance(value, str):
+                    raise Refused(400, f"JSON body: field {field!r}: expected a string")
+                await run_in_threadpool(folder.add_text, safe_name(f"{field}.txt"), value)
 
 
 def _answer_then_remove(predictor: Any, folder: Path) -> list[dict[str, Any]]:

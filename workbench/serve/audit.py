@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: ``prev`` of the first line.
 GENESIS = "0" * 64

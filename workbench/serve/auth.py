@@ -17,7 +17,7 @@ import re
 import stat
 from pathlib import Path
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 log = logging.getLogger("workbench")
 

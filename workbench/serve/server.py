@@ -18,8 +18,8 @@ from typing import Any
 
 import uvicorn
 
-from workbench.errors import UserError
-from workbench.seal import run_folder_above
+from workbench.core.errors import UserError
+from workbench.core.seal import run_folder_above
 from workbench.serve.app import Gate, create_app
 from workbench.serve.audit import AuditLog
 from workbench.serve.auth import load_tokens
@@ -88,7 +88,7 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8000, intake:
         limits: request limits.
         trust_modified: serve a run whose files differ from its seal (recorded in ``/model``'s ``run_seal``).
         workers: threads answering requests (default: the CPU count, at most 4).
-        device: where the model computes (``--device``, `workbench.device.resolve`).
+        device: where the model computes (``--device``, `workbench.core.device.resolve`).
 
     Raises:
         UserError: one of the checks above fails.

@@ -8,7 +8,7 @@ is what is read), under checked names:
   starting with a dot, at most 128 characters) that no other file of the request has;
 - an intake path is relative, has no ``..`` part, and no part of it is a symbolic link; it names a file (taken with
   the files beside it that share its stem: a record's header and signal) or a folder (its plain files). It must
-  resolve inside the intake folder (`workbench.paths.confined`).
+  resolve inside the intake folder (`workbench.core.paths.confined`).
 
 The request's input hash (`input_sha256`) is the sha256 of its manifest: one ``<sha256 of the file>  <name>`` line
 per file, sorted by name, each ending in a newline (the lines ``sha256sum`` prints), so a caller can compute it
@@ -25,8 +25,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO, Mapping
 
-from workbench.errors import UserError
-from workbench.paths import PathOutsideData, confined
+from workbench.core.errors import UserError
+from workbench.core.paths import PathOutsideData, confined
 
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
 _CHUNK = 1 << 20

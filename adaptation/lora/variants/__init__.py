@@ -31,7 +31,7 @@ from workbench.adaptation.lora.variants.replora import RepLoRA
 from workbench.adaptation.lora.variants.routed import HLoRA, MoELoRA
 from workbench.adaptation.lora.variants.rslora import RsLoRA
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: Every registered variant class by name, in registration order.
 VARIANTS: dict[str, type[LoraVariant]] = {}

@@ -14,7 +14,7 @@ import math
 import torch
 from workbench.adaptation.lora.variants.base import LoraVariant
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: ``objective`` choices: the loss, or Flat-LoRA's expected loss over random perturbations of the adapted weights.
 OBJECTIVES = ("plain", "flat-lora")

@@ -27,7 +27,7 @@ from workbench.adaptation.lora.variants.base import promoted
 from workbench.adaptation.lora.variants.pissa import InitialFactors, check_rank, check_residual, restore_base
 from workbench.adaptation.lora.variants.routed import MoELoRA
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: GOAT's constants as its authors' code sets them: singular values divided by ``scale · ρ`` before they become the
 #: experts' factors; ``η`` of the derived scale (their ``ETA``, 1.0 in every released script).

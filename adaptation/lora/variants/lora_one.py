@@ -19,7 +19,7 @@ import torch
 from workbench.adaptation.lora.variants.base import LoraVariant, promoted
 from workbench.adaptation.lora.variants.pissa import check_rank
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 def gradient_factors(descent: torch.Tensor, rank: int, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:

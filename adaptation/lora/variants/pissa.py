@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from workbench.adaptation.lora.variants.base import LoraVariant, promoted
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 class InitialFactors(nn.Module):

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 from workbench.adaptation.lora.variants.base import LoraVariant
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 
 class Reparam(nn.Module):

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 from workbench.adaptation.lora.variants.base import LoraVariant
 
-from workbench.errors import UserError
+from workbench.core.errors import UserError
 
 #: The options of plain LoRA adapters with their defaults, which routed kinds leave as they are (unless ``free``).
 PLAIN_OPTIONS = (("init", "kaiming"), ("scaling", "standard"), ("dora", False), ("reparam", "none"))

@@ -7,8 +7,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workbench.registry import tasks
-from workbench.task import Evaluation, Task, TaskData
+from workbench.core.registry import tasks
+from workbench.core.task import Evaluation, Task, TaskData
 
 WEIGHTS = np.array([1.0, -2.0, 0.5], dtype=np.float32)
 

@@ -4,8 +4,8 @@ offset of the frozen model's output (a two-parameter recalibration) and folds th
 import torch
 from torch import nn
 
-from workbench.method import Method
-from workbench.registry import methods
+from workbench.core.method import Method
+from workbench.core.registry import methods
 
 
 class Recalibrated(nn.Module):

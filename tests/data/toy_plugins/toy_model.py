@@ -2,8 +2,8 @@
 
 from torch import nn
 
-from workbench.model import ModelFamily, ModelSpec
-from workbench.registry import models
+from workbench.core.model import ModelFamily, ModelSpec
+from workbench.core.registry import models
 
 
 class ToyNet(nn.Module):

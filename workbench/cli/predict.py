@@ -1,0 +1,37 @@
+"""``workbench predict``: every record of a folder scored with a finished run's model, into a CSV."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from workbench.cli.evaluate import _seal_line
+from workbench.cli.flags import _add_device, _add_threads, _add_trust_modified
+
+
+def _add_predict_command(commands: Any) -> None:
+    """``workbench predict --run RUN --input DIR --output FILE``."""
+    predict = commands.add_parser("predict", help="score every record of a folder with a finished run's model")
+    predict.add_argument("--run", required=True, metavar="RUN", help="run directory (from workbench adapt)")
+    predict.add_argument("--input", required=True, metavar="DIR",
+                         help="folder of inputs (records, files: what the run's task reads)")  # fmt: skip
+    predict.add_argument("--output", required=True, metavar="FILE", help="CSV to write (a .json with hashes is "
+                         "written beside it); never inside a run folder")  # fmt: skip
+    predict.add_argument("--overwrite", action="store_true", help="replace an earlier CSV and record at --output")
+    _add_trust_modified(predict)
+    _add_threads(predict)
+    _add_device(predict)
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    """``workbench predict``: the CSV (`workbench.run.predicting.predict`), and the run's seal when it is not intact."""
+    from workbench.run.predicting import predict
+
+    record = predict(
+        args.run, args.input, args.output, overwrite=args.overwrite, trust_modified=args.trust_modified,
+        device=args.device,
+    )
+    if "problems" in record["run_seal"]:
+        print(_seal_line(args.run, record["run_seal"]))
+    print(f"wrote {record['records']} row(s) to {args.output}, {record['failed']} without scores (see status)")
+    return 0

@@ -1,0 +1,85 @@
+"""``workbench serve`` (a finished run's model over HTTP, with an audit log) and ``workbench audit verify`` (that
+log's hash chain)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from workbench.cli.flags import _add_device, _add_threads, _add_trust_modified
+
+
+def _add_serve_commands(commands: Any) -> None:
+    """``serve`` (a finished run over HTTP) and ``audit verify`` (its log's hash chain)."""
+    from workbench.serve.limits import Limits
+
+    default = Limits()
+    serve = commands.add_parser("serve", help="answer records over HTTP with a finished run's model, with an audit "
+                                "log (needs the serve extra)")  # fmt: skip
+    serve.add_argument("--run", required=True, metavar="RUN", help="run directory (from workbench adapt)")
+    serve.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default: "
+                       "127.0.0.1; elsewhere put a TLS proxy in front)")  # fmt: skip
+    serve.add_argument("--port", type=int, default=8000, metavar="INT", help="port (default: 8000)")
+    serve.add_argument("--intake", metavar="DIR", help="folder whose records JSON requests may name by a relative "
+                       "path (default: uploads only)")  # fmt: skip
+    serve.add_argument("--token-file", metavar="FILE", help="lines 'caller_id token' (default: the environment "
+                       "variable WORKBENCH_SERVE_TOKENS)")  # fmt: skip
+    serve.add_argument("--audit-log", metavar="FILE", help="hash-chained JSON-lines log, one line per request; an "
+                       "existing one is verified and continued (default: audit-<run name>.jsonl here)")  # fmt: skip
+    serve.add_argument("--max-request-mb", type=float, default=default.max_request_bytes / 2**20, metavar="FLOAT",
+                       help=f"largest request body [MiB] (default: {default.max_request_bytes / 2**20:g})")  # fmt: skip
+    serve.add_argument("--max-record-s", type=float, default=default.max_record_seconds, metavar="FLOAT",
+                       help=f"longest signal record [s] (default: {default.max_record_seconds:g})")  # fmt: skip
+    serve.add_argument("--max-pixels", type=int, default=default.max_pixels, metavar="INT",
+                       help=f"largest image, told by its header (default: {default.max_pixels})")  # fmt: skip
+    serve.add_argument("--timeout-s", type=float, default=default.timeout_s, metavar="FLOAT",
+                       help=f"time to answer one request [s], else 504 (default: {default.timeout_s:g})")  # fmt: skip
+    _add_trust_modified(serve)
+    _add_threads(serve)
+    _add_device(serve)
+
+    audit = commands.add_parser("audit", help="check a served model's audit log")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
+    audit_verify = audit_commands.add_parser("verify", help="check every line's hash and the chain between lines")
+    audit_verify.add_argument("log", metavar="FILE", help="the log workbench serve --audit-log wrote")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """``workbench serve``: the limits from the flags, then `workbench.serve.server.serve` until SIGTERM."""
+    from workbench.core.errors import UserError
+    from workbench.serve.limits import Limits
+
+    for flag, value in (("--max-request-mb", args.max_request_mb), ("--max-record-s", args.max_record_s),
+                        ("--max-pixels", args.max_pixels), ("--timeout-s", args.timeout_s)):  # fmt: skip
+        if not value > 0:
+            raise UserError(f"{flag} {value}: expected a positive number")
+    if not 0 <= args.port < 65536:
+        raise UserError(f"--port {args.port}: expected 0-65535")
+    try:
+        from workbench.serve.server import serve
+    except ImportError as error:
+        raise UserError(f"workbench serve needs the serve extra ({error}): pip install -e \".[serve]\"") from None
+    limits = Limits(max_request_bytes=int(args.max_request_mb * 2**20), max_record_seconds=args.max_record_s,
+                    max_pixels=args.max_pixels, timeout_s=args.timeout_s)  # fmt: skip
+    serve(args.run, host=args.host, port=args.port, intake=args.intake, token_file=args.token_file,
+          audit_log=args.audit_log, limits=limits, trust_modified=args.trust_modified, device=args.device)  # fmt: skip
+    return 0
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    """``workbench audit verify``: `_audit_verify` of the log given."""
+    return _audit_verify(args.log)
+
+
+def _audit_verify(log: str) -> int:
+    """``workbench audit verify LOG``: 0 and a one-line summary when every line is intact; else 1, naming the first
+    bad line on stderr."""
+    from workbench.serve.audit import verify_log
+
+    check = verify_log(log)
+    if not check.ok:
+        print(f"workbench: error: {check.summary()}", file=sys.stderr)
+        return 1
+    print(check.summary())
+    return 0
