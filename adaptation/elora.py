@@ -89,6 +89,7 @@ from workbench.core.device import device_of
 from workbench.core.errors import UserError
 from workbench.core.method import Method, PlanInputs, Stage
 from workbench.core.options import Option
+from workbench.core.recipe import Recipe
 from workbench.core.registry import methods
 
 try:  # MACE is optional: without it ELoRA still adapts any e3nn model
@@ -283,14 +284,17 @@ class ElementLowRank(BlockLowRank):
         element, ``B (r, channels)`` shared by all elements.
     """
 
-    def __init__(self, shape: tuple[int, int, int], config: AdapterConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, shape: tuple[int, int, int], config: AdapterConfig, dtype: torch.dtype, device: torch.device,
+                 contraction_a: str = "divided"):  # fmt: skip
         super().__init__()
         self.shape = shape
         n_elements, self.n_params, channels = shape
         rank_used = min(config.rank, n_elements * self.n_params, channels)
-        self.A = nn.Parameter(torch.randn(n_elements, self.n_params, rank_used, dtype=dtype, device=device))
+        stored = contraction_a == "stored"  # the authors': A = randn / n_params as the parameter, no division after
+        a = torch.randn(n_elements, self.n_params, rank_used, dtype=dtype, device=device)
+        self.A = nn.Parameter(a / self.n_params if stored else a)
         self.B = nn.Parameter(torch.zeros(rank_used, channels, dtype=dtype, device=device))
-        self.divisors = [float(self.n_params)]
+        self.divisors = [1.0 if stored else float(self.n_params)]
         self._add_variants(config)
 
     def pairs(self):
@@ -331,16 +335,19 @@ class ContractionLowRank(nn.Module):
         train_lower_order: bool,
         dtype: torch.dtype,
         device: torch.device,
+        contraction_a: str = "divided",
     ):
         super().__init__()
         n_elements, _, channels = shape
         self.blocks = blocks
         self.scale, rank = config.scale, config.rank
+        self.stored = contraction_a == "stored"
         self.A, self.B, self.D = nn.ParameterList(), nn.ParameterList(), nn.ParameterList()
         for highest, n_params in blocks:
             if highest:
                 r = min(rank, n_elements * n_params, channels)
-                self.A.append(nn.Parameter(torch.randn(n_elements, n_params, r, dtype=dtype, device=device)))
+                a = torch.randn(n_elements, n_params, r, dtype=dtype, device=device)
+                self.A.append(nn.Parameter(a / n_params if self.stored else a))
                 self.B.append(nn.Parameter(torch.zeros(r, channels, dtype=dtype, device=device)))
             else:
                 delta = nn.Parameter(torch.zeros(n_elements, n_params, channels, dtype=dtype, device=device))
@@ -354,7 +361,7 @@ class ContractionLowRank(nn.Module):
         for is_highest, n_params in self.blocks:
             if is_highest:
                 a, b = next(highest)
-                parts.append(self.scale * (a / n_params) @ b)
+                parts.append(self.scale * (a if self.stored else a / n_params) @ b)
             else:
                 parts.append(next(lower))
         delta = torch.cat(parts, dim=1)
@@ -364,7 +371,11 @@ class ContractionLowRank(nn.Module):
 
 
 #: `apply`'s options beside rank, alpha and ``train_lower_order`` (in the adapter file's metadata).
-REFINEMENT_KEYS = ("init", "scaling", "reparam", "dora", "objective", "flat_sigma")
+REFINEMENT_KEYS = ("init", "scaling", "reparam", "dora", "objective", "flat_sigma", "contraction_a")
+#: How the highest-order contraction's ``A`` holds its ``1 / n_params``: ``divided`` (A ~ N(0, 1), divided in the
+#: update) or ``stored`` (A ~ N(0, 1) / n_params as the parameter, as the authors' code stores it: the same first
+#: update, but Adam, whose steps do not scale with the parameter, then moves ``A / n_params`` n_params times faster).
+CONTRACTION_A = ("divided", "stored")
 #: The LoRA package's options the `ELoRA` method shares, by name.
 _LORA_OPTIONS = {option.name: option for option in (*LoRA.options, *REFINEMENT_OPTIONS)}
 #: Why ELoRA does not take GOAT's init and scale (`GOAT_REFUSAL` at length).
@@ -463,6 +474,7 @@ def apply(
     dora: bool = False,
     objective: str = "plain",
     flat_sigma: float = 0.05,
+    contraction_a: str = "divided",
 ) -> nn.Module:
     """Attach ELoRA adapters to ``model`` in place, freeze everything else and return it.
 
@@ -479,6 +491,7 @@ def apply(
         dora: DoRA's magnitude per output unit of each block (default False).
         objective: ``"plain"`` or ``"flat-lora"`` (how the `ELoRA` method trains; recorded in the adapter file).
         flat_sigma: Flat-LoRA's relative noise size ``σ`` (default 0.05).
+        contraction_a: `CONTRACTION_A` (default ``divided``; ``stored``: the authors').
 
     The refinements are the LoRA variants, per block (module doc); GOAT (token-routed experts) is refused.
     cuEquivariance's symmetric contraction takes ``scaling`` only.
@@ -501,7 +514,7 @@ def apply(
         )
     model.requires_grad_(False)
     for module, attribute, kind in targets:
-        _attach(module, attribute, kind, config, train_lower_order)
+        _attach(module, attribute, kind, config, train_lower_order, contraction_a)
     model._elora_config = {
         "rank": rank,
         "alpha": alpha,
@@ -512,11 +525,13 @@ def apply(
         "dora": dora,
         "objective": objective,
         "flat_sigma": float(flat_sigma),
+        "contraction_a": contraction_a,
     }
     return model
 
 
-def _attach(module: nn.Module, attribute: str, kind: str, config: AdapterConfig, train_lower_order: bool) -> None:
+def _attach(module: nn.Module, attribute: str, kind: str, config: AdapterConfig, train_lower_order: bool,
+            contraction_a: str = "divided") -> None:  # fmt: skip
     """Register the ELoRA adapter of ``kind`` (`_targets`) on ``module``'s weight ``attribute``: built, its variants'
     magnitudes set, parametrized (the stored base frozen), then a variant's init of the blocks (PiSSA's)."""
     weight = getattr(module, attribute)
@@ -528,10 +543,10 @@ def _attach(module: nn.Module, attribute: str, kind: str, config: AdapterConfig,
     elif kind == "contraction":
         adapter = ContractionLowRank(
             module.elora_blocks, tuple(weight.shape), module.elora_projection, train_lower_order=train_lower_order,
-            **kwargs,
+            contraction_a=contraction_a, **kwargs,
         )  # fmt: skip
     else:
-        adapter = ElementLowRank(tuple(weight.shape), **kwargs)
+        adapter = ElementLowRank(tuple(weight.shape), **kwargs, contraction_a=contraction_a)
         if train_lower_order:
             for lower in module.weights:
                 lower.requires_grad_(lower.numel() > 0)
@@ -692,7 +707,28 @@ class ELoRA(Method):
         ),
         dataclasses.replace(_LORA_OPTIONS["lora_scaling"], refused={"goat": GOAT_ON_ELORA}),
         *(_LORA_OPTIONS[name] for name in ("dora", "gamma", "reparam", "objective", "flat_sigma")),
+        Option("contraction_a", str, "divided", "how the symmetric contraction's A holds its 1/n_params: divided (A ~ "
+               "N(0,1), divided in the update) or stored (A ~ N(0,1)/n_params, the authors' code: Adam then moves it "
+               "n_params times faster)", choices=CONTRACTION_A),
     )
+    #: The authors' recipe (MACE_ELoRA branch of hyjwpk/ELoRA; CLaSLoVe/MMEA's rMD17 splits and training log, which
+    #: say its full fine-tuning baseline ran the same recipe): read from their scripts, not the paper's text.
+    recipes = {
+        "paper": Recipe(
+            source="hyjwpk/ELoRA branch MACE_ELoRA and CLaSLoVe/MMEA's rMD17 setup",
+            settings={"learning_rate": 5e-3, "batch_size": 5, "epochs": 500, "patience": 500, "ema_decay": 0.995,
+                      "clip_grad_norm": 100.0, "lr_factor": 0.8, "lr_patience": 5, "schedule": "plateau",
+                      "precision": "float64", "train_size": 50, "val_size": 50, "select_on": "loss"},
+            task_options={"rmd17": {"energy_loss": "total", "energy_weight": 1.0, "forces_weight": 1000.0}},
+            method_options={"rank": 16, "alpha": 16.0, "init": "kaiming", "contraction_a": "stored"},
+            departures=(
+                "weight decay 1e-8 on some parameter groups not reproduced (0 here)",
+                "validation every epoch, not every 2",
+                "the authors' foundation model is MACE-OFF23 medium and their test set 1,000 rMD17 frames; here the "
+                "run's model and data",
+            ),
+        ),
+    }
 
     def __init__(self, **options: Any):
         """The options, checked before any model is seen (`adapter_config`; LoRA-One's ``gamma``)."""
@@ -719,6 +755,7 @@ class ELoRA(Method):
             dora=config["dora"],
             objective=config["objective"],
             flat_sigma=config["flat_sigma"],
+            contraction_a=config["contraction_a"],
         )
 
     def setup(self, task, model: nn.Module, data, seed: int) -> None:

@@ -9,7 +9,9 @@ Loss (MACE's ``WeightedEnergyForcesLoss``, `energy_forces_loss`)::
 
     L = w_E · mean_graphs((ΔE / n_atoms)²) + w_F · mean_components(ΔF²)     [eV², (eV/Å)²]
 
-with ``w_E = 1``, ``w_F = 1000`` by default (the ELoRA authors' weights).
+with ``w_E = 1``, ``w_F = 1000`` by default (the ELoRA authors' weights); ``--energy-loss total`` takes the total
+energy's error instead of the per-atom one, ``mean_graphs(ΔE²)`` (the ELoRA authors' loss; n_atoms² times stronger,
+81× for ethanol).
 
 The model is a potential of any family that speaks MACE's calling convention (`workbench.models.potentials`): MACE
 (the ``atomistic`` extra, the default) or a published SevenNet (``--model sevennet-0``, the ``sevennet`` extra, in an
@@ -93,15 +95,21 @@ def fit_atomic_energies(model: nn.Module, graphs: Sequence[Any], prior_ev: Mappi
     return {z: float(e) for z, e in zip(zs, prior + correction)}
 
 
-def energy_forces_loss(ref: Any, pred: Mapping[str, torch.Tensor], energy_weight: float, forces_weight: float
-                       ) -> torch.Tensor:  # fmt: skip
+#: ``--energy-loss`` values: the energy error per atom (MACE's ``WeightedEnergyForcesLoss``) or in total.
+ENERGY_LOSSES = ("per-atom", "total")
+
+
+def energy_forces_loss(ref: Any, pred: Mapping[str, torch.Tensor], energy_weight: float, forces_weight: float,
+                       energy_loss: str = "per-atom") -> torch.Tensor:  # fmt: skip
     """MACE's ``WeightedEnergyForcesLoss`` (module doc) of a batch ``ref`` and a potential's output ``pred``: each
-    graph's and each atom's terms weighted by the graph's ``weight`` and its label weights, then averaged.
+    graph's and each atom's terms weighted by the graph's ``weight`` and its label weights, then averaged;
+    ``energy_loss`` "total" squares the total energy's error instead of the per-atom one.
 
     Shapes: ``pred["energy"] (n_graphs,)`` [eV], ``pred["forces"] (n_atoms, 3)`` [eV/Å] -> () [eV²].
     """
     n_atoms = ref.ptr[1:] - ref.ptr[:-1]
-    energy = ref.weight * ref.energy_weight * torch.square((ref["energy"] - pred["energy"]) / n_atoms)
+    per = n_atoms if energy_loss == "per-atom" else torch.ones_like(n_atoms)
+    energy = ref.weight * ref.energy_weight * torch.square((ref["energy"] - pred["energy"]) / per)
     per_atom_weight = torch.repeat_interleave(ref.weight * ref.forces_weight, n_atoms).unsqueeze(-1)
     forces = per_atom_weight * torch.square(ref["forces"] - pred["forces"])
     return energy_weight * torch.mean(energy) + forces_weight * torch.mean(forces)
@@ -237,7 +245,9 @@ class Rmd17(Task):
             "card's isolated-atom energies corrected by least squares on the training frames) or a JSON "
             "file {element: eV} used as is",
         ),
-        Option("energy_weight", float, 1.0, "weight of the per-atom energy error in the loss"),
+        Option("energy_weight", float, 1.0, "weight of the energy error in the loss"),
+        Option("energy_loss", str, "per-atom", "the energy error the loss squares: per-atom (MACE's) or total (the "
+               "ELoRA authors')", choices=ENERGY_LOSSES),
         Option("forces_weight", float, 1000.0, "weight of the force error in the loss"),
         Option(
             "backend",
@@ -400,7 +410,8 @@ class Rmd17(Task):
 
     def loss(self, model: nn.Module, batch: Any, training: bool) -> torch.Tensor:
         out = model(batch.to_dict(), training=training, compute_force=True)
-        return energy_forces_loss(batch, out, self.config["energy_weight"], self.config["forces_weight"])
+        return energy_forces_loss(batch, out, self.config["energy_weight"], self.config["forces_weight"],
+                                  self.config["energy_loss"])
 
     def evaluate(self, model: nn.Module, samples: Sequence[Any], device) -> Evaluation:
         """Energy [meV, meV/atom] and force-component [meV/Å] errors on ``samples``; the frames are the items, grouped

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from workbench.core import settings
+from workbench.core import recipe, settings
 from workbench.core.device import resolve_name
 from workbench.core.errors import UserError
 from workbench.core.options import renamed, resolve_options
@@ -67,7 +67,8 @@ class RunConfig:
         """The `TrainSettings` of its methods (``learning_rate``: the run's, else the method's own): every declared
         setting that trains (`workbench.core.settings.Setting.trains`) by its name; ``ema_decay`` 0 is None (off)."""
         trained = {s.name: getattr(self, s.stored_name) for s in SETTINGS if s.trains}
-        return TrainSettings(**trained, learning_rate=learning_rate, ema_decay=self.ema_decay or None)
+        return TrainSettings(**trained, learning_rate=learning_rate, ema_decay=self.ema_decay or None,
+                             clip_grad_norm=self.clip_grad_norm or None)  # fmt: skip
 
 
 def upgraded(content: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,6 +128,9 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
     if _entry(method, "--method").model is not None:
         raise UserError(f"--method {method}: choose the model with --model; METHOD@MODEL is for --baselines")
     method_cls = methods.get(method)
+    if request.recipe:
+        defaults = {s.name: s.default for s in SETTINGS if s.factory is None}
+        request = recipe.apply(request, domain, method, defaults, methods)
     profile = task_cls.profile(method)
     baselines, warnings = _baselines(request, task_cls, profile, method)
     task_options = {**profile.get("options", {}), **dict(request.task_options)}

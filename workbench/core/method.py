@@ -126,6 +126,8 @@ class Method:
     #: ``typing.Protocol`` classes (``runtime_checkable``) that the methods define in their own package (the first
     #: line of the protocol's docstring says what, for the refusal).
     needs_task: ClassVar[tuple[Any, ...]] = ()
+    #: Its authors' recipes by name (`workbench.core.recipe.Recipe`; ``--recipe METHOD:NAME``).
+    recipes: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, **options: Any):
         self.config = resolve_options(f"method '{self.name}'", self.options, options)

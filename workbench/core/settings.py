@@ -125,6 +125,16 @@ def _warmup_share(values: Mapping[str, Any], task_cls: Any) -> str | None:
     return f"--warmup-share {share} needs --schedule linear" if share and values["schedule"] != "linear" else None
 
 
+def _clip_grad_norm(values: Mapping[str, Any], task_cls: Any) -> str | None:
+    clip = values["clip_grad_norm"]
+    return None if clip >= 0 else f"--clip must be at least 0 (0 turns clipping off), got {clip}"
+
+
+def _lr_factor(values: Mapping[str, Any], task_cls: Any) -> str | None:
+    factor = values["lr_factor"]
+    return None if 0 < factor < 1 else f"--lr-factor must be in (0, 1), got {factor}"
+
+
 def _select_on(values: Mapping[str, Any], task_cls: Any) -> str | None:
     if values["select_on"] in ("loss", *task_cls.metrics):
         return None
@@ -157,7 +167,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("patience", int, None, "epochs without validation improvement before stopping", ("adapt", "compare"),
             check=_at_least_one("patience"), trains=True),
     Setting("ema_decay", float, 0.99, "moving average of the trained weights, used for validation and the result "
-            "(0: off)", ("adapt",), check=_ema_decay),
+            "(0: off)", ("adapt", "compare"), check=_ema_decay),
     Setting("learning_rate", float, None, "learning rate (default: the task's, else each method's own)",
             ("adapt", "compare"), flag_name="--lr", check=_learning_rate),
     Setting("seed", int, 0, "seeds data selection, initialisation and shuffling", ("adapt",), "SEED", trains=True),
@@ -182,6 +192,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("select_on", str, "loss", "what chooses the best epoch and stops early: loss (validation loss) or a "
             "metric of the task, scored on the validation samples after every epoch (`workbench list` shows each "
             "task's metrics)", ("adapt", "compare"), "METRIC", check=_select_on, trains=True),
+    Setting("clip_grad_norm", float, 10.0, "largest gradient norm; larger ones are scaled down to it (0: no "
+            "clipping)", ("adapt", "compare"), "NORM", flag_name="--clip", check=_clip_grad_norm),
+    Setting("lr_factor", float, 0.5, "under --schedule plateau, what the learning rate is multiplied by after "
+            "--lr-patience epochs without improvement", ("adapt", "compare"), check=_lr_factor, trains=True),
+    Setting("lr_patience", int, 5, "under --schedule plateau, epochs without improvement before the learning rate "
+            "falls", ("adapt", "compare"), check=_at_least_one("lr_patience"), trains=True),
+    #: A method's authors' recipe (`workbench.core.recipe`): METHOD:NAME, or NAME of the chosen method.
+    Setting("recipe", str, None, "a method's authors' recipe, METHOD:NAME or NAME of the chosen method (e.g. "
+            "elora:paper): it sets every setting you leave at its default, and the report lists what you changed",
+            ("adapt", "compare"), "METHOD:NAME"),
 )
 # fmt: on
 

@@ -201,6 +201,21 @@ def learning_curves(
     return "Learning curves (dots: the epoch whose weights were kept)", name
 
 
+def _recipe_lines(config: RunConfig) -> list[str]:
+    """What the run's recipe is and what the run does otherwise (`workbench.core.recipe.deviations`); none without."""
+    if not config.recipe:
+        return []
+    from workbench.core.recipe import deviations
+    from workbench.core.registry import methods
+
+    changed = deviations(config, methods)
+    owner, name = config.recipe.rsplit(":", 1)
+    source = methods.get(owner).recipes[name].source
+    said = "; ".join(changed) if changed else "none"
+    return [f"Recipe: `{config.recipe}` ({source}), for every method of the run. Where this run departs from it: "
+            f"{said}.", ""]  # fmt: skip
+
+
 def markdown(
     config: RunConfig,
     data: TaskData,
@@ -224,6 +239,7 @@ def markdown(
         f"{metrics['samples']['test']} test samples ({scored_units(metrics)}). Seed {config.seed}, device "
         f"{config.device}.",
         "",
+        *_recipe_lines(config),
         header,
         "|" + "---|" * (len(metric_names) + 5),
     ]
