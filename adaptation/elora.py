@@ -723,6 +723,8 @@ class ELoRA(Method):
             method_options={"rank": 16, "alpha": 16.0, "init": "kaiming", "contraction_a": "stored"},
             departures=(
                 "weight decay 1e-8 on some parameter groups not reproduced (0 here)",
+                "MACE's second (SWA) stage from epoch 400 (--swa --start_swa=400: its own loss weights and learning "
+                "rate, weights averaged) not reproduced",
                 "validation every epoch, not every 2",
                 "the authors' foundation model is MACE-OFF23 medium and their test set 1,000 rMD17 frames; here the "
                 "run's model and data",
