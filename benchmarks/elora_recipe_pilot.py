@@ -29,7 +29,7 @@ METRICS = ("forces_mae_mev_per_a", "energy_mae_mev")
 
 def run(seed: int, out: Path, epochs: int) -> None:
     command = [sys.executable, "-m", "workbench", "adapt", "--domain", "rmd17", "--recipe", "elora:paper",
-               "--baselines", "full", "--epochs", str(epochs), "--seed", str(seed), "--threads", "1", "--out",
+               "--baselines", "full", "--curves", "forces_mae_mev_per_a,energy_mae_mev", "--epochs", str(epochs), "--seed", str(seed), "--threads", "1", "--out",
                str(out)]  # fmt: skip
     subprocess.run(command, check=True)
 
@@ -40,6 +40,7 @@ def _method(folder: Path, name: str, metrics: dict) -> dict:
     key = "after" if name == metrics["method"] else name  # the run's chosen method's intervals are its "after"
     return {
         "validation_loss": [h["val_loss"] for h in history],
+        "curves": [h.get("curves") for h in history],  # --curves: validation and test errors per epoch
         "learning_rate": [h["lr"] for h in history],
         "kept_epoch": result["best_epoch"] + 1,
         "epochs": len(history),

@@ -113,3 +113,24 @@ def test_the_stored_contraction_factor_starts_at_the_same_update_and_holds_its_d
         stored.B.copy_(divided.B)
     weight = torch.randn(3, 5, 6, dtype=torch.float64)
     torch.testing.assert_close(stored(weight), divided(weight), rtol=1e-14, atol=1e-14)  # the same update
+
+
+def test_learning_curves_change_nothing_and_the_kept_epochs_point_is_the_result(tmp_path):
+    import workbench
+
+    common = dict(domain="features", baselines=["full"], epochs=3, quiet=True, threads=1)
+    plain = workbench.adapt(out=str(tmp_path / "plain"), **common)
+    tracked = workbench.adapt(out=str(tmp_path / "tracked"), curves=("accuracy",), **common)
+    assert tracked.metrics["after"] == plain.metrics["after"]
+    assert tracked.metrics["baselines"] == plain.metrics["baselines"]
+    import json
+
+    result = json.loads((tmp_path / "tracked" / "results" / "full.json").read_text())
+    points = [entry["curves"] for entry in result["history"]]
+    assert len(points) == result["epochs"] and set(points[0]) == {"val", "test"}
+    assert points[result["best_epoch"]]["test"]["accuracy"] == result["metrics"]["accuracy"]
+
+
+def test_curves_of_an_unknown_metric_are_refused():
+    with pytest.raises(UserError, match="--curves nope: not a metric of task 'features'"):
+        resolve_config(RunRequest(domain="features", curves=("nope",), out="x"))

@@ -135,6 +135,13 @@ def _lr_factor(values: Mapping[str, Any], task_cls: Any) -> str | None:
     return None if 0 < factor < 1 else f"--lr-factor must be in (0, 1), got {factor}"
 
 
+def _curves(values: Mapping[str, Any], task_cls: Any) -> str | None:
+    unknown = [name for name in values["curves"] if name not in task_cls.metrics]
+    if not unknown:
+        return None
+    return f"--curves {','.join(unknown)}: not a metric of task '{task_cls.name}' ({', '.join(task_cls.metrics)})"
+
+
 def _select_on(values: Mapping[str, Any], task_cls: Any) -> str | None:
     if values["select_on"] in ("loss", *task_cls.metrics):
         return None
@@ -198,6 +205,9 @@ SETTINGS: tuple[Setting, ...] = (
             "--lr-patience epochs without improvement", ("adapt", "compare"), check=_lr_factor, trains=True),
     Setting("lr_patience", int, 5, "under --schedule plateau, epochs without improvement before the learning rate "
             "falls", ("adapt", "compare"), check=_at_least_one("lr_patience"), trains=True),
+    Setting("curves", _names, (), "learning curves: these metrics of the task (comma-separated) scored on the "
+            "validation and test samples after every epoch and kept in the history (an evaluation of both per epoch; "
+            "nothing chooses on them)", ("adapt", "compare"), "METRICS", check=_curves),
     #: A method's authors' recipe (`workbench.core.recipe`): METHOD:NAME, or NAME of the chosen method.
     Setting("recipe", str, None, "a method's authors' recipe, METHOD:NAME or NAME of the chosen method (e.g. "
             "elora:paper): it sets every setting you leave at its default, and the report lists what you changed",

@@ -118,8 +118,10 @@ class Trainer:
             ``model`` or modules outside it (`workbench.core.method.Stage.frozen`); their parameters never train, and
             their modes and ``requires_grad`` are restored when ``fit`` returns.
         learning_rates: ``{pattern: rate}``, one optimizer group per pattern
-        (`workbench.core.method.Stage.learning_rates`);
-            with several groups each epoch's history holds every group's rate (``learning_rates``).
+            (`workbench.core.method.Stage.learning_rates`); with several groups each epoch's history holds every
+            group's rate (``learning_rates``).
+        track: ``track(model) -> {split: {metric: value}}``, scored with the current (EMA) weights after each
+            epoch and kept in its history (``curves``): learning curves; nothing chooses on them.
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class Trainer:
         threads: Callable[[], int] | None = None,
         frozen: Collection[str | nn.Module] = (),
         learning_rates: Mapping[str, float] | None = None,
+        track: Callable[[nn.Module], dict[str, dict[str, float]]] | None = None,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -155,6 +158,7 @@ class Trainer:
         self.gradients = gradients
         self.before_step = before_step
         self.score = score
+        self.track = track
         self.threads = threads or torch.get_num_threads
         self.rank, self.world_size = distributed()
         self.progress = progress and self.rank == 0
@@ -437,6 +441,7 @@ class Trainer:
                 selectable = epoch >= self.settings.select_from
                 if selectable and objective < self.best["objective"]:
                     self.best = {"objective": objective, "epoch": epoch, "state": self._trainable_values()}
+                curves = {} if self.track is None else {"curves": self.track(self.model)}
             if selectable and self.settings.schedule == "plateau":
                 self.scheduler.step(objective)
             self.history.append(
@@ -451,6 +456,7 @@ class Trainer:
                     "steps": steps,
                     "selectable": selectable,
                     "threads": threads,
+                    **curves,
                 }
             )
             self.stopped = epoch - max(self.best["epoch"], self.settings.select_from - 1) >= self.settings.patience

@@ -57,7 +57,7 @@ from workbench.core.trainer import distributed
 from workbench.run import item_bootstrap, report
 from workbench.run.fingerprint import data_changes, data_record, file_digests, settings_hash
 from workbench.run.rundir import check_out_path, claim_run_dir
-from workbench.run.stages import best_epoch, step_bytes, train_stages, warm_up
+from workbench.run.stages import best_epoch, curve_scores, step_bytes, train_stages, warm_up
 from workbench.run.threads import ThreadPolicy
 
 log = logging.getLogger("workbench")
@@ -456,8 +456,10 @@ def _run_method(
     with PeakMemory(device) as memory:  # the memory of this method's set-up and training alone
         method.setup(task, model, data, config.seed)
         stages = method.plan(task, model, data, inputs)
+        track = functools.partial(curve_scores, task, {"val": data.val, "test": data.test}, device, config.curves
+                                  ) if config.curves else None  # fmt: skip
         history = train_stages(stages, task, model, run.out_dir / "checkpoints" / f"{entry}.pt", device, run.progress,
-                         str(entry), run.resume, run.threads and run.threads.update)  # fmt: skip
+                               str(entry), run.resume, run.threads and run.threads.update, track)  # fmt: skip
     probe_key = [str(entry), config.method_options if chosen else {}, config.task, config.task_options, config.model,
                  config.precision, config.batch_size, str(device)]  # fmt: skip
     step_memory = reuse.measured_once(  # a comparison's worker measures each method's step once

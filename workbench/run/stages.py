@@ -33,19 +33,20 @@ def warm_up(task: Task, base: nn.Module, data: TaskData, device: torch.device, b
 def stage_trainer(
     stage: Stage, task: Task, model: nn.Module, device: torch.device, checkpoint: Path | None = None,
     progress: bool = False, label: str = "", settings: TrainSettings | None = None, samples: list[Any] | None = None,
-    threads: Callable[[], int] | None = None,
+    threads: Callable[[], int] | None = None, track: Callable[[nn.Module], dict] | None = None,
 ) -> Trainer:
     """The trainer of one stage: its loss, samples, settings, gradient function, epoch hook and, when the settings
     select on a metric, its score on the validation samples (``settings`` and ``samples`` replace the stage's for a
-    probe); ``threads``: sets the CPU threads before each epoch (`workbench.core.trainer.Trainer`)."""
+    probe); ``threads``: sets the CPU threads before each epoch; ``track``: learning curves
+    (`workbench.core.trainer.Trainer`)."""
     train, val = (samples, samples[:1]) if samples is not None else (stage.train, stage.val)
     settings = settings or stage.settings
     return Trainer(
         model, stage.loss, task.collate, train, val, settings, checkpoint_path=checkpoint, device=device,
         progress=progress, label=label or stage.name, epoch_start=stage.on_epoch, gradients=stage.gradients,
         before_step=stage.before_step, threads=threads, frozen=stage.frozen, learning_rates=stage.learning_rates,
-        score=None if settings.select_on == "loss" else functools.partial(_validation_score, task, val, device,
-                                                                             settings.select_on),
+        track=track, score=None if settings.select_on == "loss" else functools.partial(
+            _validation_score, task, val, device, settings.select_on),
     )  # fmt: skip
 
 
@@ -100,11 +101,12 @@ def train_stages(
     label: str,
     resume: bool,
     threads: Callable[[], int] | None = None,
+    track: Callable[[nn.Module], dict] | None = None,
 ) -> list[dict[str, Any]]:
-    """Train a prepared model stage after stage (``threads``: sets the CPU threads before each epoch); the trainers'
-    history, epochs numbered over all stages, each entry naming its ``stage``. Nothing for a plan without stages.
-    Afterwards every parameter that was trainable before the first stage is trainable again (what the method saves
-    as its adapter)."""
+    """Train a prepared model stage after stage (``threads``: sets the CPU threads before each epoch; ``track``:
+    each epoch's learning-curve scores, `curve_scores`); the trainers' history, epochs numbered over all stages, each
+    entry naming its ``stage``. Nothing for a plan without stages. Afterwards every parameter that was trainable
+    before the first stage is trainable again (what the method saves as its adapter)."""
     history: list[dict[str, Any]] = []
     prepared = [name for name, p in model.named_parameters() if p.requires_grad]
     staged = [stage.name for stage in stages] != ["train"]
@@ -114,7 +116,7 @@ def train_stages(
         trainer = stage_trainer(
             stage, task, model, device, progress=progress, label=f"{label} {stage.name}" if staged else label,
             checkpoint=checkpoint.with_name(f"{checkpoint.stem}.{stage.name}.pt") if staged else checkpoint,
-            threads=threads,
+            threads=threads, track=track,
         )  # fmt: skip
         for entry in trainer.fit(resume=resume):
             history.append(dict(entry, epoch=len(history), stage=stage.name, stage_epoch=entry["epoch"]))
@@ -135,3 +137,14 @@ def best_epoch(history: list[dict[str, Any]]) -> int:
         return last[-1]["epoch"] if last else -1
     return min(selectable, key=lambda h: h.get("objective", h["val_loss"]))["epoch"]
 
+
+def curve_scores(task: Task, splits: dict[str, list[Any]], device: torch.device, metrics: tuple[str, ...],
+                 model: nn.Module) -> dict[str, dict[str, float]]:  # fmt: skip
+    """``{split: {metric: value}}`` of ``model`` on each split's samples (``--curves``): a learning curve's point.
+    The random generators are left as they were: scoring does not change what training draws next."""
+    state = randomness.capture()
+    try:
+        scored = {name: task.evaluate(model, samples, device).metrics for name, samples in splits.items()}
+    finally:
+        randomness.restore(state)
+    return {name: {metric: float(values[metric]) for metric in metrics} for name, values in scored.items()}
