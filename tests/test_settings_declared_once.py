@@ -22,7 +22,7 @@ from workbench.core.finished import Run
 from workbench.core.options import RenamedFrom
 from workbench.core.registry import methods, tasks
 from workbench.core.settings import SETTINGS
-from workbench.run.adapting import _check_out_dir
+from workbench.run.resume import check_out_dir
 
 #: Adds one setting before any engine module builds its classes, then asks every surface for it.
 _ONE_MORE_SETTING = """
@@ -126,7 +126,7 @@ def test_an_old_config_with_the_earlier_key_still_loads_and_resumes_as_named_now
         loaded = Run.read_config_file(tmp_path)
     assert loaded == config
     with pytest.warns(FutureWarning, match="'scaling' was renamed 'lora_scaling'"):
-        _check_out_dir(tmp_path, config, resume=True)  # --resume: the same settings, as they are named now
+        check_out_dir(tmp_path, config, resume=True)  # --resume: the same settings, as they are named now
     with pytest.warns(FutureWarning, match="'scaling' was renamed 'lora_scaling'"):  # an old adapter.json's options
         assert methods.get("lora")(scaling="rslora").config == config.method_options
     with pytest.warns(FutureWarning, match="method 'lora': 'scaling' was renamed"):  # and the Python API's options

@@ -48,6 +48,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         content = dataclasses.asdict(self)
         content["baselines"] = [str(entry) for entry in self.baselines]
+        content["curves"] = list(self.curves)
         return content
 
     @classmethod
@@ -57,7 +58,8 @@ class RunConfig:
         if precision == "auto":
             precision = tasks.get(content["task"]).precisions[0]
         baselines = tuple(MethodEntry.parse(entry) for entry in content["baselines"])
-        return cls(**{**content, "baselines": baselines, "precision": precision})
+        curves = tuple(content.get("curves") or ())  # YAML keeps a list
+        return cls(**{**content, "baselines": baselines, "precision": precision, "curves": curves})
 
     def entries(self) -> list[MethodEntry]:
         """The chosen method, then the baselines: the order a run trains them in."""

@@ -60,7 +60,6 @@ class Run:
         return cls(Path(path), config, metrics, adapted_model(Path(path), config, placement.resolve(device)))
 
 
-
 def adapted_model(path: Path, config: RunConfig, device: torch.device) -> nn.Module:
     """The chosen method's model from a run directory's adapter files: base + task state + adapter, merged, on
     ``device`` (the base model is placed before the method's hooks see it)."""
@@ -77,10 +76,8 @@ def adapted_model(path: Path, config: RunConfig, device: torch.device) -> nn.Mod
     return model
 
 
-
 def cast(model: nn.Module, precision: str) -> nn.Module:
     """``model`` in the dtype of ``--precision`` float64 / float32 (mixed precisions keep float32 weights)."""
     dtype = {"float64": torch.float64, "float32": torch.float32}.get(precision, torch.float32)
     parameter = next(model.parameters(), None)
     return model if parameter is None or parameter.dtype == dtype else model.to(dtype)
-

@@ -209,8 +209,9 @@ SETTINGS: tuple[Setting, ...] = (
             "validation and test samples after every epoch and kept in the history (an evaluation of both per epoch; "
             "nothing chooses on them)", ("adapt", "compare"), "METRICS", check=_curves),
     #: A method's authors' recipe (`workbench.core.recipe`): METHOD:NAME, or NAME of the chosen method.
-    Setting("recipe", str, None, "a method's authors' recipe, METHOD:NAME or NAME of the chosen method (e.g. "
-            "elora:paper): it sets every setting you leave at its default, and the report lists what you changed",
+    Setting("recipe", str, None, "a method's authors' recipe, METHOD:NAME or NAME of the chosen method (each "
+            "method's page names its recipes): it sets every setting you leave at its default, and the report lists "
+            "what you changed",
             ("adapt", "compare"), "METHOD:NAME"),
 )
 # fmt: on

@@ -154,11 +154,8 @@ class Trainer:
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.device = device_of(model) if device is None else torch.device(device)
         self.label = label
-        self.epoch_start = epoch_start
-        self.gradients = gradients
-        self.before_step = before_step
-        self.score = score
-        self.track = track
+        self.epoch_start, self.gradients, self.before_step = epoch_start, gradients, before_step
+        self.score, self.track = score, track
         self.threads = threads or torch.get_num_threads
         self.rank, self.world_size = distributed()
         self.progress = progress and self.rank == 0

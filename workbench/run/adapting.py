@@ -42,7 +42,7 @@ from torch import nn
 from workbench.core import device as placement
 from workbench.core import randomness, reuse
 from workbench.core.checkpoint import load_tensors, save_tensors, write_json, write_text
-from workbench.core.config import MethodEntry, RunConfig, RunRequest, resolve_config, upgraded
+from workbench.core.config import MethodEntry, RunConfig, RunRequest, resolve_config
 from workbench.core.errors import UserError
 from workbench.core.finished import Run, adapted_model, cast
 from workbench.core.memory import PeakMemory
@@ -55,14 +55,13 @@ from workbench.core.settings import SETTINGS
 from workbench.core.task import Evaluation, Task, TaskData
 from workbench.core.trainer import distributed
 from workbench.run import item_bootstrap, report
-from workbench.run.fingerprint import data_changes, data_record, file_digests, settings_hash
-from workbench.run.rundir import check_out_path, claim_run_dir
+from workbench.run.fingerprint import data_record, file_digests
+from workbench.run.resume import FINGERPRINT, check_data, check_out_dir, run_settings_hash
+from workbench.run.rundir import claim_run_dir
 from workbench.run.stages import best_epoch, curve_scores, step_bytes, train_stages, warm_up
 from workbench.run.threads import ThreadPolicy
 
 log = logging.getLogger("workbench")
-
-
 
 
 def adapt(domain: str, method: str | None = None, *, resume: bool = False, quiet: bool = False, **settings: Any) -> Run:
@@ -109,7 +108,7 @@ def run_request(
     out_dir = Path(config.out)
     # chosen by the run: a default batch size may shrink to the data (`_fitted_batch_size`), threads to the machine
     fitted = tuple(name for name in ("batch_size", "threads") if getattr(request, name) is None)
-    _check_out_dir(out_dir, config, resume, fitted)
+    check_out_dir(out_dir, config, resume, fitted)
     device = placement.resolve(config.device)
     if resume and (out_dir / "metrics.json").is_file():
         log.info("%s is complete; nothing to resume", out_dir)
@@ -119,7 +118,7 @@ def run_request(
     config = dataclasses.replace(config, threads=threads.pinned)
     data_print = data_record(config.data, config.task, config.task_options, config.seed) if rank == 0 else {}
     if resume and rank == 0:
-        _check_data(out_dir, data_print)
+        check_data(out_dir, data_print)
 
     task: Task = tasks.get(config.task)(**config.task_options)
     task.progress = not quiet
@@ -147,7 +146,7 @@ def run_request(
         return steps()
     with claim_run_dir(out_dir, resume):
         write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
-        write_json(out_dir / FINGERPRINT, {"settings_hash": _settings_hash(config.to_dict()), **data_print})
+        write_json(out_dir / FINGERPRINT, {"settings_hash": run_settings_hash(config.to_dict()), **data_print})
         with _logging_to(out_dir / "log.txt"):
             finished = steps()
         seal(out_dir, "run")  # last, once log.txt is closed: every file the run produced (`workbench.core.seal`)
@@ -299,86 +298,12 @@ def _fit_clinical(task: Task, config: RunConfig, data: TaskData, out_dir: Path, 
         randomness.restore(state)
 
 
-
-
-
-
 # -- steps of `adapt` ----------------------------------------------------------------------------
 def _init_distributed(device: str) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def _check_out_dir(out_dir: Path, config: RunConfig, resume: bool, fitted: tuple[str, ...] = ()) -> None:
-    """``--out`` can take this run (`workbench.run.rundir.check_out_path`); with ``resume``, the interrupted run there
-    had the settings of ``config`` (``fitted``: settings the run chooses itself, kept from the interrupted run), as
-    its ``config.yaml`` says and its ``fingerprint.json`` confirms. A `UserError` in one line naming what differs."""
-    check_out_path(out_dir, resume)
-    saved = out_dir / "config.yaml"
-    if resume:
-        if not saved.is_file():
-            raise UserError(f"{out_dir}: nothing to resume (no config.yaml); give the --out of an earlier run")
-        try:
-            earlier = yaml.safe_load(saved.read_text())
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
-            earlier = error
-        if not isinstance(earlier, dict):
-            found = f"not YAML: {str(earlier).splitlines()[0]}" if isinstance(earlier, Exception) else "no mapping"
-            raise UserError(f"{saved}: damaged ({found}), not the configuration a run writes; this run cannot be "
-                            f"resumed: start afresh in another --out")  # fmt: skip
-        now, named_now = config.to_dict(), upgraded(earlier)  # a run written before a rename: its keys as named now
-        ignored = {"out", *fitted}
-        changed = {
-            key: (named_now.get(key), now[key]) for key in now if key not in ignored and named_now.get(key) != now[key]
-        }
-        if changed:
-            details = "; ".join(f"{key}: was {old!r}, now {new!r}" for key, (old, new) in changed.items())
-            raise UserError(f"{saved}: --resume must use the same settings as the interrupted run ({details})")
-        recorded = _read_fingerprint(out_dir)
-        if recorded is not None and recorded.get("settings_hash") != _settings_hash(earlier):
-            raise UserError(f"{saved}: changed since the run started (its settings no longer match "
-                            f"{out_dir / FINGERPRINT}); this run cannot be resumed: start afresh in another "
-                            "--out")  # fmt: skip
-
-
-#: The file in which a run records, when it starts, what its numbers depend on (`workbench.run.fingerprint`).
-FINGERPRINT = "fingerprint.json"
-
-
-def _settings_hash(settings: dict[str, Any]) -> str:
-    """`workbench.run.fingerprint.settings_hash` of a run's resolved configuration, less where it writes."""
-    return settings_hash({key: value for key, value in settings.items() if key != "out"})
-
-
-def _read_fingerprint(out_dir: Path) -> dict[str, Any] | None:
-    """The ``fingerprint.json`` of the run in ``out_dir``; None for a run started before runs recorded one."""
-    path = out_dir / FINGERPRINT
-    if not path.is_file():
-        return None
-    try:
-        content = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        content = error
-    if not isinstance(content, dict):
-        raise UserError(f"{path}: damaged ({'not JSON' if isinstance(content, Exception) else 'no JSON object'}); "
-                        "what this run started with cannot be checked: start afresh in another --out")  # fmt: skip
-    return content
-
-
-def _check_data(out_dir: Path, now: dict[str, Any]) -> None:
-    """The interrupted run in ``out_dir`` started on the data whose `workbench.run.fingerprint.data_record` is ``now``:
-    a `UserError` naming what changed when not; a warning when the run is older than fingerprints."""
-    recorded = _read_fingerprint(out_dir)
-    if recorded is None:
-        log.warning("%s was started before runs recorded their data's fingerprint: resuming without checking that "
-                    "its data are unchanged", out_dir)  # fmt: skip
-        return
-    if recorded.get("data_fingerprint") != now["data_fingerprint"]:
-        raise UserError(f"{out_dir}: the data changed since this run started ({data_changes(recorded, now)}); "
-                        "resuming would mix two data sets: give the data it started on, or start afresh in another "
-                        "--out")  # fmt: skip
 
 
 @contextmanager
@@ -425,8 +350,6 @@ def _evaluate_or_reuse(
     if rank == 0:
         _save_result(out_dir, name, {"metrics": evaluation.metrics}, evaluation)
     return evaluation
-
-
 
 
 def _run_method(
@@ -489,8 +412,6 @@ def _run_method(
             _save_adapter(run.out_dir, method, model, task_state)
         _save_result(run.out_dir, str(entry), result, evaluation)
     return result, evaluation
-
-
 
 
 def _chosen_model(out_dir: Path, config: RunConfig, device: torch.device) -> nn.Module:

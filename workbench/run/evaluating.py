@@ -24,7 +24,6 @@ def evaluate(
     return evaluate_run(run, data, device, trust_modified)[0]
 
 
-
 def evaluate_run(
     run: str | Path, data: str | None = None, device: str = "auto", trust_modified: bool = False
 ) -> tuple[dict[str, float], dict[str, Any]]:
@@ -50,4 +49,3 @@ def evaluate_run(
              "run_seal": sealed},
         )  # fmt: skip
     return evaluation.metrics, sealed
-

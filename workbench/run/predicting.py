@@ -121,13 +121,11 @@ def _provenance(finished: Run, config: Any, task: Any, adapter: dict[str, Any], 
     }
 
 
-
 def _clinical_record(described: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
     """The prediction record's ``clinical`` part: the run's calibration and conformal settings, the alarm's test,
     and for this batch the shift statistic, p-value and verdict and the kind of conformal sets given."""
     return {"calibration": described["calibration"], "conformal": described["conformal"],
             "shift_test": described["shift"], "shift": batch["shift"], "conformal_kind": batch["conformal_kind"]}
-
 
 
 def _output_estimate(folder: Path) -> int:
@@ -137,7 +135,5 @@ def _output_estimate(folder: Path) -> int:
     return OUTPUT_BYTES_PER_INPUT * sum(1 for path in folder.rglob("*") if path.is_file())
 
 
-
 #: Bytes of predictions per input file that `_output_estimate` counts (one CSV row of a handful of scores).
 OUTPUT_BYTES_PER_INPUT = 256
-

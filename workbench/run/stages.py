@@ -29,7 +29,6 @@ def warm_up(task: Task, base: nn.Module, data: TaskData, device: torch.device, b
     del model, loss
 
 
-
 def stage_trainer(
     stage: Stage, task: Task, model: nn.Module, device: torch.device, checkpoint: Path | None = None,
     progress: bool = False, label: str = "", settings: TrainSettings | None = None, samples: list[Any] | None = None,
@@ -50,7 +49,6 @@ def stage_trainer(
     )  # fmt: skip
 
 
-
 def _validation_score(task: Task, samples: list[Any], device: torch.device, metric: str, model: nn.Module) -> float:
     """The objective of selecting on ``metric``: its value on ``samples``, negated where higher is better (the
     trainer minimises)."""
@@ -58,12 +56,10 @@ def _validation_score(task: Task, samples: list[Any], device: torch.device, metr
     return value if metric in task.lower_is_better else -value
 
 
-
 def set_trainable(model: nn.Module, names: Collection[str]) -> None:
     """Exactly the parameters ``names`` train."""
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(name in names)
-
 
 
 def step_bytes(stage: Stage, task: Task, model: nn.Module, data: TaskData, device: torch.device) -> int:
@@ -77,7 +73,6 @@ def step_bytes(stage: Stage, task: Task, model: nn.Module, data: TaskData, devic
         randomness.restore(random_state)
 
 
-
 def _probe_step_bytes(stage: Stage, task: Task, model: nn.Module, data: TaskData, device: torch.device) -> int:
     steps, probe = 2, copy.deepcopy(model)
     if stage.trainable is not None:
@@ -88,7 +83,6 @@ def _probe_step_bytes(stage: Stage, task: Task, model: nn.Module, data: TaskData
     trainer = functools.partial(stage_trainer, stage, task, probe, device, label=f"{stage.name} memory",
                                 settings=settings, samples=samples)  # fmt: skip
     return max(training_step_bytes(lambda: trainer().fit(), device))
-
 
 
 def train_stages(
@@ -124,7 +118,6 @@ def train_stages(
             stage.on_end()
     set_trainable(model, prepared)
     return history
-
 
 
 def best_epoch(history: list[dict[str, Any]]) -> int:
