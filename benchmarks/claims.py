@@ -28,7 +28,15 @@ from typing import Any, Sequence
 
 from workbench.comparison.design import CompareSpec
 from workbench.comparison.execute import compare
-from workbench.comparison.report import Claim, reference_line, statistics_text, summarise, table, verdicts
+from workbench.comparison.report import (
+    Claim,
+    dataset_line,
+    decided,
+    reference_line,
+    seeds_line,
+    statistics_text,
+    table,
+)
 from workbench.core.checkpoint import write_json, write_text
 
 HERE = Path(__file__).resolve().parent
@@ -79,23 +87,20 @@ def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> dict[str, An
 
 def results(benchmark: Benchmark, comparison: dict[str, Any]) -> dict[str, Any]:
     """What ``results/<name>.json`` holds: the comparison (cells with their split sizes, not their group lists)
-    and each claim's verdict."""
+    and each claim's verdict, the table's differences that a claim tests decided by it (`refreshed`)."""
     cells = [
         {**{k: v for k, v in cell.items() if k != "split"}, "split": {n: len(g) for n, g in cell["split"].items()}}
         for cell in comparison["cells"]
     ]
-    return {
+    return refreshed({
         "benchmark": benchmark.name,
         "script": benchmark.script or f"{benchmark.name}.py",
         "note": benchmark.note,
         "table_metrics": list(benchmark.metrics or comparison["metrics"][:2]),
         "names": dict(benchmark.names),
-        "claims": [
-            {**dataclasses.asdict(claim), **verdict}
-            for claim, verdict in zip(benchmark.claims, verdicts(benchmark.claims, comparison))
-        ],
+        "claims": [dataclasses.asdict(claim) for claim in benchmark.claims],
         "comparison": {**comparison, "cells": cells},
-    }
+    })
 
 
 def refreshed(result: dict[str, Any]) -> dict[str, Any]:
@@ -105,12 +110,12 @@ def refreshed(result: dict[str, Any]) -> dict[str, Any]:
     stored = comparison["spec"]
     spec = CompareSpec.from_dict(stored)
     facts = {key: comparison[key] for key in ("group_kind", "groups_per_seed", "metrics", "lower_is_better",
-                                              "metrics_note", "unit") if key in comparison}  # fmt: skip
-    summary = summarise(spec, facts, comparison["cells"])
+                                              "metrics_note", "unit", "fixed_data") if key in comparison}  # fmt: skip
     names = {f.name for f in dataclasses.fields(Claim)}
     claims = [Claim(**{key: value for key, value in claim.items() if key in names}) for claim in result["claims"]]
-    decided = [{**dataclasses.asdict(claim), **verdict} for claim, verdict in zip(claims, verdicts(claims, summary))]
-    return {**result, "claims": decided, "comparison": summary}
+    summary, verdicts = decided(spec, facts, comparison["cells"], claims)
+    claimed = [{**dataclasses.asdict(claim), **verdict} for claim, verdict in zip(claims, verdicts)]
+    return {**result, "claims": claimed, "comparison": summary}
 
 
 def rendered(result: dict[str, Any]) -> str:
@@ -139,10 +144,13 @@ def rendered(result: dict[str, Any]) -> str:
         "",
     ]
     lines += [reference_line(comparison, result["table_metrics"][0]), ""]
+    lines += [line for text in (seeds_line(comparison), dataset_line(comparison)) if text for line in (text, "")]
     tested = sum(not math.isnan(claim["p_holm"]) for claim in result["claims"])
     if result["claims"]:
-        lines += [f"Claims ({tested} of {len(result['claims'])} tested; Holm over those; a one-sided claim holds "
-                  "when its adjusted p < 0.025, an equivalence by TOST at 0.025 per side):", ""]  # fmt: skip
+        conditional = "; conditional on this dataset" if comparison.get("fixed_data") else ""
+        lines += [f"Claims ({tested} of {len(result['claims'])} tested; Holm over those, for and against alike: a "
+                  "one-sided claim holds when its adjusted p < 0.025 and does not hold when its adjusted p against "
+                  f"it is < 0.025, an equivalence by TOST at 0.025 per side{conditional}):", ""]  # fmt: skip
     for claim in result["claims"]:
         verdict, detail = claim["line"].split(":", 1)
         lines.append(f"- {claim['text']} — **{verdict}**:{detail}")

@@ -147,7 +147,7 @@ def main(argv=None) -> dict | None:
         groups.update(comparison["groups_per_seed"])
         facts = {key: comparison[key] for key in ("group_kind", "metrics", "lower_is_better", "metrics_note")}
     spec = dataclasses.replace(BENCHMARK.spec, seeds=seeds)
-    facts = {**facts, "groups_per_seed": groups, "unit": "target site: one per seed"}
+    facts = {**facts, "groups_per_seed": groups, "unit": "target site: one per seed", "fixed_data": False}
     result = results(BENCHMARK, summarise(spec, facts, records))
     if not args.dev:
         write_json(RESULTS / f"{BENCHMARK.name}.json", result)

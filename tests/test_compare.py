@@ -39,8 +39,8 @@ def test_every_group_is_tested_exactly_once_and_never_trains_against_itself(n, f
 
 def _comparison(differences, lower=()):
     """lora against full, one cell per difference, each on its own seed (independent units)."""
-    cells = [{"method": "full", "fold": 0, "seed": 100 + k, "metrics": {"m": 0.5}} for k in range(len(differences))]
-    cells += [{"method": "lora", "fold": 0, "seed": 100 + k, "metrics": {"m": 0.5 + d}}
+    cells = [{"method": "full", "fold": 0, "seed": 200 + k, "metrics": {"m": 0.5}} for k in range(len(differences))]
+    cells += [{"method": "lora", "fold": 0, "seed": 200 + k, "metrics": {"m": 0.5 + d}}
               for k, d in enumerate(differences)]  # fmt: skip
     return {"spec": {"reference": "full"}, "lower_is_better": list(lower), "cells": cells}
 

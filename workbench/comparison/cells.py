@@ -98,7 +98,6 @@ def run_cell(
     return record
 
 
-
 def cell_manifest(spec: CompareSpec, cell: Cell, run: Mapping[str, Any], wall_seconds: float) -> dict[str, Any]:
     """What a cell's record says about how its numbers were made (``run``: the kept run's `_cell_run` fields).
 
@@ -121,12 +120,10 @@ def cell_manifest(spec: CompareSpec, cell: Cell, run: Mapping[str, Any], wall_se
     }
 
 
-
 def config_hash(configs: Sequence[RunConfig]) -> str:
     """sha256 (hex) of the configurations ``configs`` as canonical JSON, less the fields of `UNHASHED`."""
     content = [{k: v for k, v in config.to_dict().items() if k not in UNHASHED} for config in configs]
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
-
 
 
 def versions() -> dict[str, str]:
@@ -137,7 +134,6 @@ def versions() -> dict[str, str]:
 
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "scipy": scipy.__version__, "workbench": workbench.__version__}  # fmt: skip
-
 
 
 @functools.cache  # the source this process imported: its commit when it started
@@ -157,7 +153,6 @@ def source_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return commit + ("+dirty" if dirty else "")
-
 
 
 def _cell_run(
@@ -193,7 +188,6 @@ def _cell_run(
     }
 
 
-
 def kept_epoch(history: Sequence[Mapping[str, Any]]) -> int | None:
     """The epoch (from 1, counted over all stages) whose weights a run kept, by `workbench.core.trainer.Trainer.fit`'s
     rule: among the last stage's selectable epochs, the first whose validation objective is lower than every earlier
@@ -210,7 +204,6 @@ def kept_epoch(history: Sequence[Mapping[str, Any]]) -> int | None:
     return int(kept["epoch"]) + 1
 
 
-
 def _freeze_imports() -> None:
     """After this process's first cell: what it imported and built once (modules, the registry) moves out of the
     garbage collector's sight (`gc.freeze`), so that the full collections that open every memory measurement
@@ -222,9 +215,7 @@ def _freeze_imports() -> None:
         _frozen = True
 
 
-
 _frozen = False
-
 
 
 @contextmanager
@@ -244,10 +235,8 @@ def _quiet_logs() -> Iterator[None]:
             logger.propagate = _quiet_cells["propagate"]
 
 
-
 #: Cells inside `_quiet_logs` in this process, and the workbench logger's ``propagate`` before the first entered.
 _quiet_cells: dict[str, Any] = {"count": 0, "propagate": True}
-
 
 
 def read_record(out: Path, cell: Cell) -> dict[str, Any] | str | None:
@@ -276,7 +265,6 @@ def read_record(out: Path, cell: Cell) -> dict[str, Any] | str | None:
     return record
 
 
-
 def check_recorded_data(spec: CompareSpec, cell: Cell, record: Mapping[str, Any], out: Path,
                          known: dict[tuple[int, str], str]) -> bool:  # fmt: skip
     """The data fingerprint in ``cell``'s record (its manifest) is that of the data now (``known``: the fingerprints
@@ -299,7 +287,6 @@ def check_recorded_data(spec: CompareSpec, cell: Cell, record: Mapping[str, Any]
         raise UserError(f"{path}: records another split than cell {cell.name} has (its data or its folds changed?); "
                         "remove it to run this cell again")  # fmt: skip
     return recorded is not None
-
 
 
 def run_cells(
@@ -347,7 +334,6 @@ def run_cells(
     return [records[cell.name] for cell in cells]
 
 
-
 def _checked(cell: Cell, result: Any) -> dict[str, Any]:
     """``result()``, with a cell's `UserError` naming the cell (the finished cells stay recorded)."""
     try:
@@ -357,7 +343,6 @@ def _checked(cell: Cell, result: Any) -> dict[str, Any]:
     except concurrent.futures.process.BrokenProcessPool:
         raise UserError(f"a worker process died (killed, or out of memory?) before cell {cell.name} was recorded; "
                         "the cells finished so far are: run the same command again to continue") from None  # fmt: skip
-
 
 
 @contextmanager
@@ -406,10 +391,8 @@ def _executor(
         dask_logs.setLevel(level)
 
 
-
 #: Linux's ``prctl`` option that sends a process a signal when its parent ends (``<linux/prctl.h>``).
 PR_SET_PDEATHSIG = 1
-
 
 
 def _die_with_parent(parent: int) -> None:
@@ -428,11 +411,9 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent,), name="workbench-parent-watch", daemon=True).start()
 
 
-
 def _watch_parent(parent: int, every_seconds: float = 0.5) -> None:
     """End this process as soon as its parent is no longer ``parent`` (it ended; the process was given to another)."""
     tick = threading.Event()  # never set: its wait is a pause
     while os.getppid() == parent:
         tick.wait(every_seconds)
     os._exit(1)
-

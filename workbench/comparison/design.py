@@ -25,15 +25,12 @@ _log = logging.getLogger("workbench")
 BUDGETS = ("steps", "convergence")
 
 
-
 #: Where cells run: this process / local worker processes, or a Dask cluster.
 EXECUTORS = ("local", "dask")
 
 
-
 #: Seeds below this are for development and tuning (the report flags a comparison that uses one).
 DEVELOPMENT_SEEDS_BELOW = 100
-
 
 
 #: New reported numbers use seeds from here on: 100–199 were spent on the benchmarks reported before (their designs
@@ -41,11 +38,9 @@ DEVELOPMENT_SEEDS_BELOW = 100
 FIRST_REPORTED_SEED = 200
 
 
-
 #: `workbench.core.config.RunConfig` fields a cell's configuration hash leaves out: where the run wrote, and its CPU
 #: threads (not part of the spec; recorded beside the hash as ``threads``, and kept by `rerun_cell`).
 UNHASHED = ("out", "threads")
-
 
 
 def entry_of(label: str) -> MethodEntry:
@@ -56,7 +51,6 @@ def entry_of(label: str) -> MethodEntry:
         return MethodEntry.parse(label)
     except UserError as error:
         raise UserError(f"--methods: {error}") from None
-
 
 
 @with_settings("compare")
@@ -143,7 +137,6 @@ class CompareSpec:
         return min(self.seeds) < DEVELOPMENT_SEEDS_BELOW
 
 
-
 @dataclass(frozen=True)
 class Cell:
     """One method on one (fold, seed): the groups it validates and tests on."""
@@ -156,7 +149,6 @@ class Cell:
     @property
     def name(self) -> str:
         return f"{self.method}/fold{self.fold}-seed{self.seed}"
-
 
 
 def fold_splits(groups: Sequence[str], folds: int, seed: int, val_share: float) -> list[dict[str, list[str]]]:
@@ -184,10 +176,10 @@ def fold_splits(groups: Sequence[str], folds: int, seed: int, val_share: float) 
     return splits
 
 
-
 def plan_cells(spec: CompareSpec, quiet: bool = True) -> tuple[list[Cell], dict[str, Any]]:
     """Every cell of ``spec`` (methods × folds × seeds, the splits read from each seed's data) and facts about the
-    groups (their kind and count per seed) for the report."""
+    groups (their kind and count per seed) and the data for the report (``fixed_data``: `fixed_data`)."""
+
     task = tasks.get(spec.domain)(**spec.task_options)
     task.progress = not quiet
     cells, counts = [], {}
@@ -202,9 +194,18 @@ def plan_cells(spec: CompareSpec, quiet: bool = True) -> tuple[list[Cell], dict[
         "metrics": list(task.metrics),
         "lower_is_better": sorted(task.lower_is_better),
         "metrics_note": task.metrics_note,
+        "fixed_data": fixed_data(spec),
     }
     return cells, facts
 
+
+def fixed_data(spec: CompareSpec) -> bool:
+    """Whether every seed of ``spec`` reads the same data (`workbench.run.fingerprint.data_source`: one file or folder,
+    or one generator setting that ignores the seed): its seeds only re-partition and retrain on one dataset, so its
+    intervals are conditional on that dataset."""
+    from workbench.run.fingerprint import data_source
+
+    return len({str(data_source(spec.data, spec.domain, spec.task_options, seed)) for seed in spec.seeds}) == 1
 
 
 def cell_request(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, threads: int | None) -> Any:
@@ -235,7 +236,6 @@ def cell_request(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | Non
     })
 
 
-
 #: How messages name a `CompareSpec` field whose flag is not its name.
 SPEC_FLAGS = {
     "val_share": "val_share (--fold-val-share)",
@@ -245,16 +245,13 @@ SPEC_FLAGS = {
 }
 
 
-
 #: The file of a comparison folder that says how its cells computed, beside ``spec.json`` (what they compute): the
 #: CPU threads of each cell (``--threads``), which change numbers in their last digits but are not compared.
 COMPUTE = "compute.json"
 
 
-
 #: What every cell record holds; a record without one of them is damaged (its cell runs again).
 RECORD_KEYS = ("method", "fold", "seed", "split", "metrics")
-
 
 
 def json_object(path: Path) -> dict[str, Any] | str:
@@ -268,7 +265,6 @@ def json_object(path: Path) -> dict[str, Any] | str:
     return content if isinstance(content, dict) else f"{kind}, not a JSON object"
 
 
-
 def read_spec(path: Path) -> CompareSpec:
     """The spec in a comparison's ``spec.json``; a `UserError` in one line when it is damaged."""
     content = json_object(path)
@@ -278,4 +274,3 @@ def read_spec(path: Path) -> CompareSpec:
         return CompareSpec.from_dict(content)
     except (TypeError, ValueError) as error:
         raise UserError(f"{path}: not the spec of a comparison ({error}); give another --out") from None
-

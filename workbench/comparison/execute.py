@@ -39,12 +39,6 @@ from workbench.run.rundir import claim_run_dir
 _log = logging.getLogger("workbench")
 
 
-
-
-
-
-
-
 def compare(
     spec: CompareSpec,
     out: str | Path,
@@ -151,8 +145,6 @@ def _check_spec(out: Path, spec: CompareSpec) -> bool:
     return True
 
 
-
-
 def _check_threads(out: Path, threads: int) -> None:
     """A rerun computes with the ``--threads`` the comparison in ``out`` computed with (its ``compute.json``; for a
     comparison written before there was one: its recorded cells' threads); a `UserError` naming them when not."""
@@ -172,7 +164,3 @@ def _check_threads(out: Path, threads: int) -> None:
         raise UserError(f"{out}: its cells computed with --threads {shown} ({source}), this command with --threads "
                         f"{threads}; the thread count changes the numbers, so the cells would not be comparable: give "
                         f"--threads {shown} to continue it, or another --out")  # fmt: skip
-
-
-
-

@@ -5,33 +5,46 @@ hold, no verdict.
 
 The unit is the seed (each seed re-draws the folds and, for generated problems, the problem; a benchmark may say
 what a seed stands for, such as a target site): the folds of one seed share training data, so a unit's folds are
-averaged first and the statistics run over the unit means. Nothing is said (``no verdict``) with fewer than
-`workbench.comparison.statistics.MIN_UNITS` units, or when the reference method trained but did not move from the base
-model (its after − before interval holds 0): then every entry sits at the base model and their differences mean nothing.
+averaged first and the statistics run over the unit means. Nothing is said (``no verdict``) where the verdict rules
+(`workbench.comparison.rules.gate`) forbid it: fewer than `workbench.comparison.statistics.MIN_UNITS` units, seeds
+below `workbench.comparison.design.FIRST_REPORTED_SEED`, a reference that trained but did not move from the base model
+(its after − before interval holds 0: every entry then sits at the base model), or zero spread across units. A
+difference that a claim tests is decided by that claim, in the table too (`decided`): one verdict per difference.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from workbench.comparison import statistics
-from workbench.comparison.design import DEVELOPMENT_SEEDS_BELOW
+from workbench.comparison.design import DEVELOPMENT_SEEDS_BELOW, FIRST_REPORTED_SEED
+from workbench.comparison.rules import (  # noqa: F401 (the report's names since 0.1)
+    CLAIM_KINDS,
+    Claim,
+    covered,
+    did_not_move,
+    gate,
+    moved_text,
+    reference_moved,
+    spent_text,
+    table_from_claims,
+    verdicts,
+)
 from workbench.core.checkpoint import write_text
 
 #: Metrics the forest plot shows (the first of the task's).
 FOREST_METRICS = 3
-#: Claim kinds: better by more than the margin; not worse by more than it; equivalent within ± it.
-CLAIM_KINDS = ("better", "not_worse", "equivalent")
 
 
-def summarise(spec: Any, facts: Mapping[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(spec: Any, facts: Mapping[str, Any], records: list[dict[str, Any]],
+              claimed: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:  # fmt: skip
     """``comparison.json``: the spec, the groups, every cell, whether the reference moved from the base model, and per
-    method its metrics, paired differences to the reference (Holm over the methods, per metric) and costs."""
+    method its metrics, paired differences to the reference (Holm over the methods a verdict may be given, per metric,
+    leaving out the (method, metric) differences ``claimed`` by claims: `decided` fills those in) and costs."""
     metrics = [name for name in facts["metrics"] if all(name in r["metrics"] for r in records)]
     lower = set(facts["lower_is_better"])
     by_method = {name: [r for r in records if r["method"] == name] for name in spec.methods}
@@ -46,63 +59,31 @@ def summarise(spec: Any, facts: Mapping[str, Any], records: list[dict[str, Any]]
             if name != spec.reference:
                 entry["vs_reference"] = _paired(cells, reference, metric)
             summary[name]["metrics"][metric] = entry
-    for metric in metrics:  # Holm over the entries of the table, one family per metric
-        entries = [summary[name]["metrics"][metric]["vs_reference"] for name in spec.methods if name != spec.reference]
-        for entry, adjusted in zip(entries, statistics.holm([e["p"] for e in entries])):
+    for metric in metrics:  # Holm over the entries of the table that no claim decides, one family per metric
+        entries = [summary[name]["metrics"][metric]["vs_reference"] for name in spec.methods
+                   if name != spec.reference and (name, metric) not in set(claimed)]  # fmt: skip
+        gates = [gate(e, e["seeds"], moved[metric], lambda m: f"{m['method']} did not move from the base model")
+                 for e in entries]  # fmt: skip
+        tested = [float("nan") if why else e["p"] for e, why in zip(entries, gates)]
+        for entry, adjusted, step, why in zip(entries, statistics.holm(tested), statistics.holm_steps(tested), gates):
             entry["p_holm"] = adjusted
-            entry["verdict"] = _table_verdict(entry, metric in lower, moved[metric])
+            entry["holm_level"] = statistics.ALPHA / (1.0 if math.isnan(step) else step)
+            entry["mdd_holm"] = statistics.minimum_detectable_difference(entry["unit_sd"], entry["units"],
+                                                                         alpha=entry["holm_level"])  # fmt: skip
+            entry["verdict"] = f"no verdict: {why}" if why else _table_verdict(entry, metric in lower)
     return {
         "spec": spec.to_dict(),
         "development_seeds": spec.development,
         **dict(facts),
         "metrics": metrics,
         "unit": facts.get("unit", "seed"),
+        "fixed_data": facts.get("fixed_data"),
         "units": len({r["seed"] for r in records}),
         "budget_note": _budget_note(spec, records) + _schedule_note(spec),
         "reference_moved": moved,
         "summary": summary,
         "cells": records,
     }
-
-
-def reference_moved(cells: Sequence[Mapping[str, Any]], metric: str) -> dict[str, Any] | None:
-    """The reference's test ``metric`` after − before training over its units (`statistics.paired_units` plus
-    ``moved``: the 95 % interval excludes 0, or None below two units); None when it took no optimizer step (a method
-    that does not train, or the base model itself) or its cells do not record the metric before training."""
-    if not cells or not any(c.get("steps") for c in cells) or not all(metric in c.get("before", {}) for c in cells):
-        return None
-    paired = statistics.paired_units([c["metrics"][metric] - c["before"][metric] for c in cells],
-                                     [c["seed"] for c in cells])  # fmt: skip
-    low, high = paired["interval"]
-    paired["moved"] = None if math.isnan(low) else not low <= 0 <= high
-    paired["method"] = cells[0]["method"]
-    steps = [c.get("steps", 0) for c in cells]
-    kept = [c["kept_epoch"] for c in cells if c.get("kept_epoch") is not None]
-    paired["steps"] = [min(steps), max(steps)]
-    paired["kept_first"] = [sum(k == 1 for k in kept), len(kept)]
-    return paired
-
-
-def did_not_move(moved: Mapping[str, Any] | None) -> bool:
-    """Whether the reference trained and stayed inside its own noise (`reference_moved`)."""
-    return moved is not None and moved["moved"] is False
-
-
-def moved_text(moved: Mapping[str, Any]) -> str:
-    """How far the reference (or the comparison's learner) moved: its after − before with interval, steps per cell
-    and kept epochs."""
-    low, high = moved["interval"]
-    first, recorded = moved["kept_first"]
-    steps = "–".join(str(s) for s in sorted(set(moved["steps"])))
-    kept = f"kept epoch 1 in {first} of {recorded} cells" if recorded else "kept epochs not recorded"
-    verb = {True: "moved from", False: "did not move from"}.get(
-        moved["moved"], "has too few units to tell if it moved from"
-    )
-    interval = f" [{low:+.3f}, {high:+.3f}]" if not math.isnan(low) else ""
-    return (
-        f"{moved['method']} {verb} the base model: after − before {moved['mean']:+.3f}{interval} over "
-        f"{moved['units']} units; {steps} steps per cell, {kept}"
-    )
 
 
 def reference_line(comparison: Mapping[str, Any], metric: str) -> str:
@@ -125,16 +106,13 @@ def _paired(cells: list[dict], reference: dict, metric: str) -> dict[str, Any]:
     differences = [r["metrics"][metric] - reference[(r["fold"], r["seed"])]["metrics"][metric] for r in cells]
     paired = statistics.paired_units(differences, [r["seed"] for r in cells])
     paired["wins"] = int(sum(d > 0 for d in differences))
+    paired["seeds"] = sorted({int(r["seed"]) for r in cells})
     return paired
 
 
-def _table_verdict(paired: Mapping[str, Any], lower_better: bool, moved: Mapping[str, Any] | None) -> str:
-    """ "better" / "worse" (Holm-adjusted two-sided p below `statistics.ALPHA`), "no difference shown", or why there
-    is no verdict."""
-    if paired["units"] < statistics.MIN_UNITS:
-        return f"no verdict: {paired['units']} unit(s), at least {statistics.MIN_UNITS} needed"
-    if did_not_move(moved):
-        return f"no verdict: {moved['method']} did not move from the base model"
+def _table_verdict(paired: Mapping[str, Any], lower_better: bool) -> str:
+    """ "better" / "worse" (Holm-adjusted two-sided p below `statistics.ALPHA`) or "no difference shown", for a
+    difference `rules.gate` lets through."""
     if not paired["p_holm"] < statistics.ALPHA:
         return "no difference shown"
     return "better" if (paired["mean"] < 0) == lower_better else "worse"
@@ -193,112 +171,30 @@ def _schedule_note(spec: Any) -> str:
 
 
 # -- claims ------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Claim:
-    """A claim a benchmark tests: ``method`` against ``against`` (default: the reference) on ``metric``, paired within
-    units over the cells both have.
-
-    ``kind`` "better": better by more than ``margin`` (one-sided t over unit means); "not_worse": not worse by more
-    than ``margin`` (non-inferiority, one-sided); "equivalent": within ± ``margin`` (TOST). ``direction`` "higher" /
-    "lower" names the better direction of a metric the task does not list (a diagnostic such as a weight share).
-    `verdicts` decides a benchmark's claims together (Holm over them).
-    """
-
-    method: str
-    metric: str
-    kind: str = "better"
-    margin: float = 0.0
-    against: str = ""
-    direction: str = ""
-    text: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in CLAIM_KINDS:
-            raise ValueError(f"claim kind must be one of {', '.join(CLAIM_KINDS)}, got {self.kind!r}")
-        if self.margin < 0 or (self.kind == "equivalent" and self.margin == 0):
-            raise ValueError(f"the margin of a {self.kind} claim must be positive, got {self.margin}")
-
-    def evidence(self, comparison: Mapping[str, Any]) -> dict[str, Any]:
-        """The paired difference over units (`statistics.paired_units`), its test's p (one-sided against the bound,
-        or TOST) before adjustment, and whether the comparison's reference moved from the base model."""
-        against = self.against or comparison["spec"]["reference"]
-        theirs = {(c["fold"], c["seed"]): c["metrics"] for c in comparison["cells"] if c["method"] == against}
-        mine = [c for c in comparison["cells"] if c["method"] == self.method and (c["fold"], c["seed"]) in theirs]
-        differences = [c["metrics"][self.metric] - theirs[(c["fold"], c["seed"])][self.metric] for c in mine]
-        units = [c["seed"] for c in mine]
-        paired = statistics.paired_units(differences, units)
-        lower = self.direction == "lower" or (not self.direction and self.metric in comparison["lower_is_better"])
-        better = -statistics.unit_means(differences, units) if lower else statistics.unit_means(differences, units)
-        if self.kind == "equivalent":
-            p = statistics.equivalence_p(better, self.margin)
-        else:
-            p = statistics.one_sided_p(better, self.margin if self.kind == "better" else -self.margin)
-        learner = comparison["spec"].get("learner") or comparison["spec"]["reference"]
-        moved = reference_moved([c for c in comparison["cells"] if c["method"] == learner], self.metric)
-        return {**paired, "against": against, "lower": lower, "p": p, "reference_moved": moved}
-
-    def decide(self, evidence: Mapping[str, Any], adjusted: float) -> tuple[str, str]:
-        """(verdict, why): "holds" when the Holm-adjusted p is below `statistics.ALPHA` / 2; "does not hold" when the
-        95 % interval contradicts the claim (lies at or beyond the bound the wrong way; for equivalence, outside
-        ± margin); else "no verdict" (saying whether the interval clears the bound and only the Holm adjustment
-        stops it), and always "no verdict" below `statistics.MIN_UNITS` units or when the reference did not move from
-        the base model."""
-        units = evidence["units"]
-        if units < statistics.MIN_UNITS:
-            return "no verdict", f"{units} unit(s), at least {statistics.MIN_UNITS} needed"
-        if did_not_move(evidence["reference_moved"]):
-            return "no verdict", moved_text(evidence["reference_moved"])
-        if adjusted < statistics.ALPHA / 2:
-            return "holds", ""
-        low, high = sorted(-x if evidence["lower"] else x for x in evidence["interval"])  # towards "better"
-        bound = self.margin if self.kind == "better" else -self.margin  # of "better" and "not_worse"
-        if self.kind == "equivalent":
-            contradicted = low >= self.margin or high <= -self.margin
-        else:
-            contradicted = high <= bound
-        if contradicted:
-            return "does not hold", ""
-        if (-self.margin < low and high < self.margin) if self.kind == "equivalent" else low > bound:
-            return "no verdict", f"the 95 % interval clears the bound, the Holm-adjusted p ({adjusted:.2g}) does not"
-        underpowered = (
-            " and the minimum detectable difference exceeds the margin" if evidence["mdd"] > self.margin else ""
-        )
-        return "no verdict", "the interval reaches across the bound" + underpowered
-
-    def wording(self) -> str:
-        """What the claim tests, in words."""
-        if self.kind == "better":
-            return "better" + (f" by more than {self.margin:g}" if self.margin else "")
-        if self.kind == "not_worse":
-            return f"not worse by more than {self.margin:g}"
-        return f"equivalent within ±{self.margin:g}"
+def decided(spec: Any, facts: Mapping[str, Any], records: list[dict[str, Any]],
+            claims: Sequence[Claim]) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+    """The comparison (`summarise`) and its claims' verdicts (`rules.verdicts`), one decision per difference: a table
+    difference that a claim tests (`rules.covered`) leaves the table's Holm family and shows the claim's verdict."""
+    claimed = covered(claims, spec.reference, [m for m in facts["metrics"]])
+    comparison = summarise(spec, facts, records, claimed=list(claimed))
+    out = verdicts(claims, comparison)
+    table_from_claims(comparison, claims, out)
+    return comparison, out
 
 
-def verdicts(claims: Sequence[Claim], comparison: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Each claim's verdict, Holm-adjusted over the claims that are tested (those with enough units and a reference
-    that moved): ``{"verdict", "holds", "line", "difference", "interval", "units", "cells", "p", "p_holm", "mdd"}``."""
-    evidence = [claim.evidence(comparison) for claim in claims]
-    tested = [e["units"] >= statistics.MIN_UNITS and not did_not_move(e["reference_moved"]) for e in evidence]
-    adjusted = statistics.holm([e["p"] if ok else float("nan") for e, ok in zip(evidence, tested)])
-    family = sum(tested)
-    out = []
-    for claim, e, p_holm in zip(claims, evidence, adjusted):
-        verdict, why = claim.decide(e, p_holm)
-        low, high = e["interval"]
-        unit = comparison.get("unit", "seed")
-        test = "TOST" if claim.kind == "equivalent" else "one-sided t"
-        line = (
-            f"{verdict}: {claim.method} − {e['against']} on {claim.metric} {e['mean']:+.3f} [{low:+.3f}, {high:+.3f}] "
-            f"over {e['units']} unit(s) ({unit}; {e['cells']} cells); {claim.wording()} towards "
-            f"{'lower' if e['lower'] else 'higher'}: {test} p={e['p']:.2g}"
-            + (f", Holm-adjusted p={p_holm:.2g} over {family} claim(s)" if not math.isnan(p_holm) else "")
-            + f"; minimum detectable difference {e['mdd']:.3g}"
-            + (f" — {why}" if why else "")
-        )
-        out.append({"verdict": verdict, "holds": verdict == "holds", "line": line, "difference": e["mean"],
-                    "interval": list(e["interval"]), "units": e["units"], "cells": e["cells"], "p": e["p"],
-                    "p_holm": p_holm, "mdd": e["mdd"]})  # fmt: skip
-    return out
+def seeds_line(comparison: Mapping[str, Any]) -> str | None:
+    """The flag of a comparison on seeds below `FIRST_REPORTED_SEED` (None without one): it gives no verdict."""
+    spent = spent_text(comparison["spec"]["seeds"])
+    return f"**No verdict on {spent}: every difference here reads 'no verdict'.**" if spent else None
+
+
+def dataset_line(comparison: Mapping[str, Any]) -> str | None:
+    """The sentence a comparison whose every unit re-partitions one fixed dataset carries (None otherwise): its
+    intervals are conditional on this dataset."""
+    if not comparison.get("fixed_data"):
+        return None
+    return ("Conditional on this dataset: every seed re-partitions and retrains on the same data, so the intervals "
+            "and verdicts cover new partitions and training runs of these data, not a new dataset.")  # fmt: skip
 
 
 # -- writing -------------------------------------------------------------------------------------------------------
@@ -312,7 +208,11 @@ def _difference(entry: Mapping[str, Any]) -> str:
         return "reference"
     low, high = paired["interval"]
     p = "" if math.isnan(paired["p_holm"]) else f" Holm p={paired['p_holm']:.2g},"
-    return f"{paired['mean']:+.3f} [{low:+.3f}, {high:+.3f}]{p} MDD {paired['mdd']:.3g} ({paired['verdict']})"
+    if "mdd_holm" in paired and not math.isnan(paired["p_holm"]):
+        mdd = f"MDD {paired['mdd_holm']:.3g} at its Holm level {paired['holm_level']:.2g}"
+    else:
+        mdd = f"MDD {paired['mdd']:.3g}"
+    return f"{paired['mean']:+.3f} [{low:+.3f}, {high:+.3f}]{p} {mdd} ({paired['verdict']})"
 
 
 def table(comparison: Mapping[str, Any], metrics: Sequence[str] | None = None) -> str:
@@ -372,6 +272,10 @@ def write(comparison: Mapping[str, Any], out: Path) -> None:
     lines.append(f"- {reference_line(comparison, comparison['metrics'][0])}")
     if comparison["development_seeds"]:
         lines.append(f"- **Development seeds (below {DEVELOPMENT_SEEDS_BELOW}): for tuning, not for reporting.**")
+    if seeds_line(comparison):
+        lines.append(f"- {seeds_line(comparison)}")
+    if dataset_line(comparison):
+        lines.append(f"- {dataset_line(comparison)}")
     lines += ["", table(comparison, comparison["metrics"][:3]), "", comparison["metrics_note"], ""]
     if forest:
         lines += [f"![paired differences]({forest})", ""]
@@ -383,9 +287,11 @@ def statistics_text(comparison: Mapping[str, Any]) -> str:
     unit, units = comparison.get("unit", "seed"), comparison["units"]
     return (
         f"the folds of each unit ({unit}; {units} here) averaged, then the mean over units with a 95 % t interval, "
-        f"a two-sided t test Holm-adjusted over the table's entries (shown at p < {statistics.ALPHA:g}) and the "
-        f"minimum detectable difference (MDD) at {statistics.POWER * 100:.0f} % power; no verdict with fewer than "
-        f"{statistics.MIN_UNITS} units or when the reference (or the named learner) did not move from the base model."
+        f"a two-sided t test Holm-adjusted over the table's entries that no claim tests (shown at p < "
+        f"{statistics.ALPHA:g}; an entry a claim tests shows that claim's verdict) and the minimum detectable "
+        f"difference (MDD) at {statistics.POWER * 100:.0f} % power at the level of its Holm step; no verdict with "
+        f"fewer than {statistics.MIN_UNITS} units, on seeds below {FIRST_REPORTED_SEED} (spent or development), with "
+        "zero spread across units, or when the reference (or the named learner) did not move from the base model."
     )
 
 
@@ -453,6 +359,9 @@ def design(spec: Any) -> tuple[str, str | None]:
         first = min(spec.seeds)
         problems.append(f"{seeds}, fewer than {statistics.MIN_UNITS} units, so every verdict of this comparison will "
                         f"read 'no verdict'; give --seeds {first}-{first + statistics.MIN_UNITS - 1}")  # fmt: skip
+    if spent_text(spec.seeds):
+        problems.append(f"{spent_text(spec.seeds)}: every verdict will read 'no verdict'; draw seeds from "
+                        f"{FIRST_REPORTED_SEED} on")  # fmt: skip
     return line, ("cannot give a verdict: " + "; ".join(problems)) if problems else None
 
 

@@ -23,11 +23,9 @@ _log = logging.getLogger("workbench")
 RERUN_TOLERANCE = 1e-9
 
 
-
 #: Relative difference allowed, on top, between a cell whose seeds trained side by side (``--side-by-side``
 #: before 0.2) and its rerun alone.
 SIDE_BY_SIDE_TOLERANCE = 1e-5
-
 
 
 def rerun_cell(out: str | Path, cell_name: str, threads: int | None = None) -> dict[str, Any]:
@@ -102,7 +100,6 @@ def rerun_cell(out: str | Path, cell_name: str, threads: int | None = None) -> d
     }
 
 
-
 def _changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """The package versions and the commit of manifest ``after`` that differ from ``before``'s ("torch 2.6.0 ->
     2.7.0"); none when ``before`` is empty (a record without a manifest)."""
@@ -111,7 +108,6 @@ def _changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     pairs = [(name, before["versions"].get(name), version) for name, version in after["versions"].items()]
     pairs.append(("commit", before["commit"], after["commit"]))
     return [f"{name} {old} -> {new}" for name, old, new in pairs if old != new]
-
 
 
 def _difference(recorded: Any, rerun: Any) -> float | None:
@@ -125,4 +121,3 @@ def _difference(recorded: Any, rerun: Any) -> float | None:
         return 0.0
     difference = abs(recorded - rerun)
     return math.inf if math.isnan(difference) else difference
-

@@ -15,9 +15,11 @@ Decisions:
   is below `ALPHA` / 2 — alone, exactly when the 95 % interval clears the bound;
 - an equivalence claim ("within ±m") holds by TOST at `ALPHA` / 2 per side — alone, exactly when the 95 % interval
   lies inside ±m;
-- fewer than `MIN_UNITS` units give no verdict at all.
-The minimum detectable difference (80 % power, two-sided `ALPHA`) is the smallest true difference the comparison
-would show four times in five, from the noncentral t.
+- fewer than `MIN_UNITS` units give no verdict at all, and neither do unit means without spread (`zero_spread`:
+  their t statistic is undefined, so every p here is nan for them, never 0 on a zero-width interval).
+The minimum detectable difference (80 % power, two-sided level) is the smallest true difference the comparison
+would show four times in five, from the noncentral t; it is printed at the level of the difference's Holm step
+(`holm_steps`). An equivalence's power is TOST's at a true difference of 0 (`tost_power`).
 """
 
 from __future__ import annotations
@@ -45,10 +47,20 @@ def unit_means(values: Sequence[float], units: Sequence[Any]) -> np.ndarray:
     return np.array([values[labels == name].mean() for name in np.unique(labels)])
 
 
-def _t_parts(means: Sequence[float]) -> tuple[float, float, int]:
-    """(mean, standard error, degrees of freedom) of unit means."""
+def zero_spread(means: Sequence[float]) -> bool:
+    """Whether two or more unit means are equal up to rounding (their spread is below 64 ulps of the largest): no
+    t statistic exists for them."""
     means = np.asarray(means, dtype=float)
-    se = 0.0 if np.all(means == means[0]) else float(means.std(ddof=1) / math.sqrt(len(means)))  # no rounding spread
+    if len(means) < 2 or np.isnan(means).any():
+        return False
+    largest = max(float(np.abs(means).max()), np.finfo(float).tiny)
+    return bool(float(np.ptp(means)) <= 64 * np.finfo(float).eps * largest)
+
+
+def _t_parts(means: Sequence[float]) -> tuple[float, float, int]:
+    """(mean, standard error, degrees of freedom) of unit means; the standard error is 0 for `zero_spread`."""
+    means = np.asarray(means, dtype=float)
+    se = 0.0 if zero_spread(means) else float(means.std(ddof=1) / math.sqrt(len(means)))  # no rounding spread
     return float(means.mean()), se, len(means) - 1
 
 
@@ -64,32 +76,43 @@ def t_interval(means: Sequence[float], level: float = 1 - ALPHA) -> tuple[float,
 
 
 def one_sided_p(means: Sequence[float], bound: float = 0.0) -> float:
-    """p of the t test of H0: mean ≤ ``bound`` against mean > ``bound`` (nan with fewer than two units). Equal unit
-    means (zero spread) give 0 above the bound and 1 at or below it."""
+    """p of the t test of H0: mean ≤ ``bound`` against mean > ``bound``; nan with fewer than two units or equal unit
+    means (`zero_spread`: no test, whatever side of the bound they sit)."""
     from scipy.stats import t
 
     if len(means) < 2:
         return float("nan")
     mean, se, df = _t_parts(means)
     if se == 0:
-        return 0.0 if mean > bound else 1.0
+        return float("nan")
     return float(t.sf((mean - bound) / se, df))
 
 
 def two_sided_p(means: Sequence[float]) -> float:
-    """p of the two-sided t test of H0: mean = 0 (nan with fewer than two units; 1 when every unit mean is 0)."""
-    if len(means) < 2:
+    """p of the two-sided t test of H0: mean = 0 (nan with fewer than two units or `zero_spread`)."""
+    if len(means) < 2 or zero_spread(means):
         return float("nan")
     return min(1.0, 2 * min(one_sided_p(means), one_sided_p(-np.asarray(means, dtype=float))))
 
 
 def equivalence_p(means: Sequence[float], margin: float) -> float:
     """TOST p of "the mean lies inside ±``margin``": the larger of the two one-sided p's (mean > −margin, mean <
-    +margin); nan with fewer than two units."""
+    +margin); nan with fewer than two units or `zero_spread`."""
     if len(means) < 2:
         return float("nan")
     means = np.asarray(means, dtype=float)
-    return max(one_sided_p(means, -margin), one_sided_p(-means, -margin))
+    sides = (one_sided_p(means, -margin), one_sided_p(-means, -margin))
+    return float("nan") if any(math.isnan(p) for p in sides) else max(sides)
+
+
+def inequivalence_p(means: Sequence[float], margin: float) -> float:
+    """p of "the mean lies outside ±``margin``" (the contrary of an equivalence): the smaller of the one-sided p's of
+    mean > +margin and mean < −margin (each side at the same level as TOST's, so it is below `ALPHA` / 2 exactly when
+    the 95 % interval lies outside ±margin); nan as `equivalence_p`."""
+    if len(means) < 2:
+        return float("nan")
+    means = np.asarray(means, dtype=float)
+    return min(one_sided_p(means, margin), one_sided_p(-means, margin))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -103,6 +126,40 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (len(order) - rank) * values[index]))
         adjusted[index] = running
     return adjusted.tolist()
+
+
+def holm_steps(pvalues: Sequence[float]) -> list[float]:
+    """The step of Holm's procedure at which each p is tested, as the number of hypotheses still in the family there
+    (the smallest p: all of them; the largest: 1), so that its level is ``ALPHA / step``; nan for nan (not tested)."""
+    values = np.asarray(pvalues, dtype=float)
+    steps = np.full(len(values), np.nan)
+    finite = np.flatnonzero(~np.isnan(values))
+    order = finite[np.argsort(values[finite], kind="stable")]
+    steps[order] = len(order) - np.arange(len(order))
+    return steps.tolist()
+
+
+def tost_power(sd: float, units: int, margin: float, alpha: float = ALPHA, difference: float = 0.0) -> float:
+    """Probability that TOST (each side one-sided at ``alpha`` / 2, as the 95 % interval inside ±``margin``) shows
+    equivalence over ``units`` unit means of standard deviation ``sd`` when the true mean difference is
+    ``difference``: exact, by integrating over the sample variance (the mean and the variance of normal unit means are
+    independent; TOST rejects when the mean lies inside ±(margin − t·se)). nan below two units or without spread."""
+    from scipy.integrate import quad
+    from scipy.stats import chi2, norm, t
+
+    if units < 2 or math.isnan(sd) or sd <= 0:
+        return float("nan")
+    df, root = units - 1, math.sqrt(units)
+    critical = float(t.ppf(1 - alpha / 2, df))
+    most = df * (margin * root / (critical * sd)) ** 2  # the chi-square value at which the band margin − t·se closes
+
+    def inside(variance: float) -> float:
+        half = margin - critical * sd * math.sqrt(variance / df) / root
+        spread = sd / root
+        return float(norm.cdf((half - difference) / spread) - norm.cdf((-half - difference) / spread))
+
+    power, _ = quad(lambda v: inside(v) * float(chi2.pdf(v, df)), 0.0, most, limit=200)
+    return float(min(1.0, max(0.0, power)))
 
 
 def minimum_detectable_difference(sd: float, units: int, alpha: float = ALPHA, power: float = POWER) -> float:
@@ -151,8 +208,8 @@ def units_needed(sd: float, effect: float, alpha: float = ALPHA, power: float = 
 
 def paired_units(differences: Sequence[float], units: Sequence[Any]) -> dict[str, Any]:
     """What a paired difference says over its units: ``{"mean", "interval", "p", "units", "cells", "unit_sd",
-    "mdd"}`` (the mean of the unit means; the 95 % t interval; the two-sided p; the sd of the unit means and the
-    minimum detectable difference at `POWER`)."""
+    "mdd", "zero_spread"}`` (the mean of the unit means; the 95 % t interval; the two-sided p; the sd of the unit
+    means and the minimum detectable difference at `POWER` and two-sided `ALPHA`; whether the unit means are equal)."""
     means = unit_means(differences, units) if len(differences) else np.array([])
     sd = float(means.std(ddof=1)) if len(means) > 1 else float("nan")
     return {
@@ -163,4 +220,5 @@ def paired_units(differences: Sequence[float], units: Sequence[Any]) -> dict[str
         "cells": len(differences),
         "unit_sd": sd,
         "mdd": minimum_detectable_difference(sd, len(means)),
+        "zero_spread": zero_spread(means),
     }
