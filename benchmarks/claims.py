@@ -145,6 +145,9 @@ def rendered(result: dict[str, Any]) -> str:
     ]
     lines += [reference_line(comparison, result["table_metrics"][0]), ""]
     lines += [line for text in (seeds_line(comparison), dataset_line(comparison)) if text for line in (text, "")]
+    if result.get("withdrawn"):  # kept as a record of what ran; its claims are not verdicts
+        lines += [f"**Withdrawn:** {result['withdrawn']} Its claims are not listed.", ""]
+        result = {**result, "claims": []}
     tested = sum(not math.isnan(claim["p_holm"]) for claim in result["claims"])
     if result["claims"]:
         conditional = "; conditional on this dataset" if comparison.get("fixed_data") else ""
