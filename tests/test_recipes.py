@@ -134,3 +134,15 @@ def test_learning_curves_change_nothing_and_the_kept_epochs_point_is_the_result(
 def test_curves_of_an_unknown_metric_are_refused():
     with pytest.raises(UserError, match="--curves nope: not a metric of task 'features'"):
         resolve_config(RunRequest(domain="features", curves=("nope",), out="x"))
+
+
+def test_no_plugin_option_takes_a_run_settings_flag():
+    """A task's or method's option named like a run setting's flag would break the command line (argparse refuses
+    two arguments of one name): ``--clip`` is the importance-weighting methods', the run's is ``--clip-grad``."""
+    from workbench.core.registry import methods, tasks
+
+    flags = {setting.flag for setting in SETTINGS if setting.commands}
+    clashes = [f"{registry.kind} {name}: --{option.name.replace('_', '-')}"
+               for registry in (tasks, methods) for name in registry.names()
+               for option in registry.get(name).options if f"--{option.name.replace('_', '-')}" in flags]  # fmt: skip
+    assert not clashes, clashes

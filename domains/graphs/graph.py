@@ -15,6 +15,7 @@ Shapes:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,6 +193,22 @@ def homophily(graph: Graph, labels: torch.Tensor | None = None) -> dict[str, flo
     else:
         result["class_insensitive"] = float("nan")
     return result
+
+
+def class_entropy(labels: torch.Tensor, n_classes: int) -> float:
+    """Normalised entropy of a labelling's class frequencies: H(p̂) / log C, p̂_c = share of the nodes labelled c.
+
+    1 when the C classes are equally frequent, 0 when every node has one class (a collapsed prediction); unknown
+    (−1) nodes are left out (nan when none is known).
+    """
+    if n_classes < 2:
+        raise ValueError(f"class entropy needs at least two classes, got {n_classes}")
+    known = labels[labels >= 0].long().flatten().cpu()
+    if known.numel() == 0:
+        return float("nan")
+    share = torch.bincount(known, minlength=n_classes).double() / known.numel()
+    share = share[share > 0]
+    return float(-(share * share.log()).sum() / math.log(n_classes))
 
 
 def degree_stats(graph: Graph) -> dict[str, float]:
