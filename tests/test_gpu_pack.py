@@ -19,7 +19,7 @@ def test_each_set_carries_its_domains_data_and_no_tests():
     pack = gpu_pack()
     core, eeg = set(pack.tracked_files("core")), set(pack.tracked_files("eeg-medvl"))
     for files in (core, eeg):
-        assert {"pyproject.toml", "README.md", "benchmarks/gpu_check.py", "workbench/device.py"} <= files
+        assert {"pyproject.toml", "README.md", "benchmarks/gpu_check.py", "workbench/core/device.py"} <= files
         assert not any(name.startswith(("tests/", "docs/", "notebooks/", "benchmarks/results/")) for name in files)
     assert "models/checkpoints/mace_xtb_small.safetensors" in core - eeg
     assert "models/checkpoints/medvl-tiny.safetensors" in eeg - core

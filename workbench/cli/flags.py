@@ -29,7 +29,8 @@ def _metavar(option: Any) -> str | None:
 #: (``tests/test_newcomer_items.py`` holds every option of every command to it).
 METAVARS = frozenset({
     "INT", "FLOAT", "TEXT", "SEED", "SEEDS", "RATES",  # numbers (SEEDS: 200,201 or 200-204), free text
-    "TASK", "METHOD", "METHODS", "MODEL", "ENTRY", "METRIC", "STAGE", "ID", "A,B[,C]", "METHOD.OPTION=VALUE",  # names
+    "TASK", "METHOD", "METHODS", "MODEL", "ENTRY", "METRIC", "METRICS", "STAGE", "ID", "A,B[,C]", "METHOD.OPTION=VALUE",
+    "METHOD:NAME",  # names
     "PATH", "DIR", "FILE", "RUN", "ADDRESS",  # files and places
     "COMMAND", "ACTION",  # sub-commands
 })  # fmt: skip

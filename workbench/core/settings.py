@@ -200,7 +200,7 @@ SETTINGS: tuple[Setting, ...] = (
             "metric of the task, scored on the validation samples after every epoch (`workbench list` shows each "
             "task's metrics)", ("adapt", "compare"), "METRIC", check=_select_on, trains=True),
     Setting("clip_grad_norm", float, 10.0, "largest gradient norm; larger ones are scaled down to it (0: no "
-            "clipping)", ("adapt", "compare"), "NORM", flag_name="--clip-grad", check=_clip_grad_norm),
+            "clipping)", ("adapt", "compare"), flag_name="--clip-grad", check=_clip_grad_norm),
     Setting("lr_factor", float, 0.5, "under --schedule plateau, what the learning rate is multiplied by after "
             "--lr-patience epochs without improvement", ("adapt", "compare"), check=_lr_factor, trains=True),
     Setting("lr_patience", int, 5, "under --schedule plateau, epochs without improvement before the learning rate "
