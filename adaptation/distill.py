@@ -127,12 +127,14 @@ class Distill(Method):
         self._base: nn.Module | None = None
 
     def check(self, task, data, model) -> None:
-        """The ECG family, and a ``--teacher`` that is a finished run (checked at the start of a run only: a
-        finished student reloads without its teacher)."""
+        """The ECG family, and a ``--teacher`` that is a finished run whose seal verifies (checked at the start of a
+        run only: a finished student reloads without its teacher)."""
         super().check(task, data, model)
         teacher = self.config["teacher"]
         if teacher and not (Path(teacher) / "adapter.json").is_file():
             raise UserError(f"--teacher {teacher}: not a finished run directory (no adapter.json in it)")
+        if teacher:
+            _verified_teacher(teacher)  # before the run's folder appears; `plan` verifies again when it loads it
 
     def set_teacher(self, teacher: nn.Module) -> None:
         """The fixed model whose sigmoid outputs the student learns; `plan`'s stage holds it frozen and in eval mode
@@ -157,7 +159,7 @@ class Distill(Method):
         if self.config["teacher"]:
             from workbench.core.finished import Run
 
-            self.set_teacher(Run.load(self.config["teacher"]).model)
+            self.set_teacher(Run.load(self.config["teacher"], sealed=_verified_teacher(self.config["teacher"])).model)
             log.info("distill: teacher = the adapted model of %s", self.config["teacher"])
         elif inputs.adapted_model is not None:
             self.set_teacher(inputs.adapted_model())
@@ -180,3 +182,16 @@ class Distill(Method):
                 soft = torch.sigmoid(self.teacher(mixed))
             loss = loss + self.config["mix"] * F.binary_cross_entropy_with_logits(model(mixed), soft)
         return loss
+
+
+def _verified_teacher(path: str) -> dict[str, Any]:
+    """What `workbench.core.seal.check_run` says of the ``--teacher`` run: it must verify (a teacher whose adapter
+    changed after it finished would teach something nobody trained).
+
+    Raises:
+        UserError: naming the teacher and the first problem (a missing or untrusted seal, a changed file).
+    """
+    from workbench.core.seal import check_run
+
+    return check_run(path, fix="a --teacher is used only when its run verifies against its seal (workbench verify "
+                               "RUN)")

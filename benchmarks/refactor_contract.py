@@ -57,8 +57,9 @@ def run(out: Path) -> None:
             _workbench("adapt", *arguments, *COMMON, "--out", str(out / name), log=out / f"{name}.log")
     if not (out / "cmp").is_dir():
         _workbench("compare", *COMPARE, "--out", str(out / "cmp"), log=out / "cmp.log")
-    if not (out / "p1" / "evaluations").is_dir():
-        _workbench("evaluate", "--run", str(out / "p1"), "--threads", "1", log=out / "evaluate.log")
+    if not (out / "p1-evaluation.json").is_file():  # evaluate writes outside the (sealed) run
+        _workbench("evaluate", "--run", str(out / "p1"), "--threads", "1", "--out", str(out / "p1-evaluation.json"),
+                   log=out / "evaluate.log")  # fmt: skip
     inputs = out / "inputs"
     if not (out / "predicted.csv").is_file():
         inputs.mkdir(exist_ok=True)
@@ -86,7 +87,7 @@ def _results(path: Path) -> dict[str, Any]:
 
 def same(before: Path, after: Path) -> int:
     """Prints each file's comparison; the number of files that differ."""
-    files = [f"{name}/metrics.json" for name in RUNS] + ["cmp/comparison.json", "p1/evaluations/default-data.json",
+    files = [f"{name}/metrics.json" for name in RUNS] + ["cmp/comparison.json", "p1-evaluation.json",
              "predicted.json"] + sorted(str(p.relative_to(before)) for p in before.glob("cmp/cells/*/*/cell.json"))
     differ = 0
     for name in files:

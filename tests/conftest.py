@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +37,32 @@ def small_mace(seed: int = 0, channels: int = 16, **replace):
         **replace,
     )
     return build_mace(hparams)
+
+
+def pytest_configure(config):
+    """Seals are signed with a key of this session's own (`workbench.core.sealkeys`): ``XDG_CONFIG_HOME`` and
+    ``WORKBENCH_SEAL_KEY`` point into a temporary folder before any test module is imported (modules copy
+    ``os.environ`` for their subprocesses), so the suite never reads or writes the user's key or trusted keys."""
+    folder = Path(tempfile.mkdtemp(prefix="workbench-test-config-"))
+    config.workbench_saved_env = {name: os.environ.get(name) for name in ("XDG_CONFIG_HOME", "WORKBENCH_SEAL_KEY")}
+    config.workbench_config = folder
+    os.environ["XDG_CONFIG_HOME"] = str(folder)
+    os.environ["WORKBENCH_SEAL_KEY"] = str(folder / "workbench" / "seal-key.pem")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def seal_key_of_the_session(pytestconfig):
+    """The session's configuration folder (`pytest_configure`), checked in place for every test and removed, with the
+    environment given back, at the end."""
+    folder = pytestconfig.workbench_config
+    assert os.environ["WORKBENCH_SEAL_KEY"].startswith(str(folder))
+    yield folder
+    for name, value in pytestconfig.workbench_saved_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -66,10 +66,11 @@ def test_adapt_evaluate_and_report(tiny_rmd17, tmp_path):
     assert not (out / "checkpoints").exists()
     assert "![" in (out / "report.md").read_text()
     # The adapted model rebuilt from the run directory scores exactly what the run measured.
-    rescored = workbench("evaluate", "--run", str(out)).stdout
+    rescored = workbench("evaluate", "--run", str(out), "--out", str(tmp_path / "evaluations")).stdout
     value = float(next(line.split()[1] for line in rescored.splitlines() if line.startswith("forces_mae_mev_per_a")))
     assert value == pytest.approx(metrics["after"]["forces_mae_mev_per_a"], rel=1e-6)
-    assert (out / "evaluations" / "rmd17.json").is_file()  # named after the --data given
+    assert (tmp_path / "evaluations" / f"{out.name}-rmd17.json").is_file()  # named after the run and --data given
+    assert not (out / "evaluations").exists()  # never inside the (sealed) run
     # Same settings, existing directory: refused without --resume; with --resume: nothing to redo.
     refused = workbench("adapt", "--domain", "rmd17", "--data", str(tiny_rmd17), "--out", str(out), *SMALL, check=False)
     assert refused.returncode == 2 and "--resume" in refused.stderr

@@ -81,10 +81,10 @@ def test_compare_runs_every_cell_on_the_same_splits_and_continues_where_it_stopp
     assert (tmp_path / "c" / "report.md").read_text().count("| warmpot |") == 1
     assert (tmp_path / "c" / "forest.png").stat().st_size > 0
 
-    # an interrupted compare: one cell lost its record and its run never finished
+    # an interrupted compare: one cell's run never finished (no metrics, no seal, no record)
     cell = tmp_path / "c" / "cells" / "warmpot" / "fold1-seed0"
-    (cell / "cell.json").unlink()
-    (cell / "metrics.json").unlink()
+    for name in ("cell.json", "seal.json", "metrics.json"):
+        (cell / name).unlink()
     kept = (tmp_path / "c" / "cells" / "full" / "fold0-seed0" / "cell.json").stat().st_mtime_ns
     again = compare(spec, tmp_path / "c", quiet=True)
     assert (tmp_path / "c" / "cells" / "full" / "fold0-seed0" / "cell.json").stat().st_mtime_ns == kept

@@ -121,36 +121,77 @@ def test_a_rerun_cell_reproduces_its_record_and_leaves_the_comparison_as_it_was(
     assert "ok: cell full/fold0-seed0 reproduces" in code.stdout and "config_hash: match" in code.stdout
 
 
-def test_an_edited_metric_is_a_mismatch_and_an_old_record_still_reads(comparison, tmp_path):
-    out = _copy(comparison[0], tmp_path)
+def _edit_record(out, change, reseal: bool):
+    """Change the record of `CELL` in ``out``; ``reseal``: seal its folder anew with the session's (trusted) key, as
+    an honest record that merely differs would be (one written before manifests, say)."""
+    from workbench.core.seal import seal
+
     record_path = out / "cells" / CELL / "cell.json"
     record = json.loads(record_path.read_text())
-    record["metrics"]["accuracy"] = 123.0
-    del record["manifest"], record["kept_epoch"]  # as written before manifests existed
+    change(record)
     record_path.write_text(json.dumps(record))
-    (record_path.parent / "seal.json").unlink()  # nor seals (a sealed one is refused: test_sealed_runs)
+    if reseal:
+        seal(record_path.parent, "cell")
+    return record
+
+
+@pytest.mark.parametrize("accuracy", [0.123, 123.0])
+def test_an_edited_record_is_reported_as_modified_never_as_not_reproducing(comparison, tmp_path, accuracy):
+    """Issue 53: an edited cell.json was blamed on the method ("metric(s) accuracy differ"); it is a modified record."""
+    out = _copy(comparison[0], tmp_path)
+    _edit_record(out, lambda record: record["metrics"].update(accuracy=accuracy), reseal=False)
+    with pytest.raises(UserError, match="the recorded cell or its comparison was modified after it was written"):
+        rerun_cell(out, CELL)
+    code = cli("compare", "--rerun-cell", CELL, str(out))
+    assert code.returncode == 2 and f"{out / 'cells' / CELL / 'cell.json'}: " in code.stderr
+    assert "changed after the cell was recorded" in code.stderr
+    assert "differ by more than" not in code.stdout + code.stderr
+    (out / "cells" / CELL / "seal.json").unlink()  # nor without its seal
+    with pytest.raises(UserError, match="seal.json: missing"):
+        rerun_cell(out, CELL)
+
+
+def test_a_resealed_record_that_differs_is_a_mismatch_and_an_old_record_still_reads(comparison, tmp_path):
+    out = _copy(comparison[0], tmp_path)
+
+    def old_and_different(record):
+        record["metrics"]["accuracy"] = 0.123
+        del record["manifest"], record["kept_epoch"]  # as written before manifests existed
+
+    _edit_record(out, old_and_different, reseal=True)
     result = rerun_cell(out, CELL)
     assert not result["matches"] and result["mismatched"] == ["accuracy"]
-    assert result["differences"]["accuracy"] == pytest.approx(123.0 - result["rerun"]["accuracy"])
+    assert result["differences"]["accuracy"] == pytest.approx(abs(0.123 - result["rerun"]["accuracy"]))
     assert all(entry["match"] is None for entry in result["hashes"].values()) and result["changed"] == []
     summary = compare(SPEC, out, quiet=True)  # every cell recorded: only the summary is made again
     assert "manifest" not in next(c for c in summary["cells"] if c["run"] == f"cells/{CELL}")
 
 
+def test_a_recorded_metric_out_of_range_is_refused_even_under_a_valid_seal(comparison, tmp_path):
+    out = _copy(comparison[0], tmp_path)
+    _edit_record(out, lambda record: record["metrics"].update(accuracy=123.0), reseal=True)
+    path = out / "cells" / CELL / "cell.json"
+    with pytest.raises(UserError, match=r"metrics\.accuracy is 123\.0, expected a number in \[0, 1\]"):
+        rerun_cell(out, CELL)
+    with pytest.raises(UserError, match=re.escape(f"{path}: metrics.accuracy is 123.0")):
+        compare(SPEC, out, quiet=True)
+
+
 def test_the_command_line_names_the_differing_metric_and_a_changed_data_fingerprint(comparison, tmp_path):
     out = _copy(comparison[0], tmp_path)
-    record_path = out / "cells" / CELL / "cell.json"
-    record = json.loads(record_path.read_text())
-    record["metrics"]["accuracy"] = 123.0
-    record["manifest"]["data_fingerprint"] = "0" * 64
-    record_path.write_text(json.dumps(record))
+
+    def differs(record):
+        record["metrics"]["accuracy"] = 0.123
+        record["manifest"]["data_fingerprint"] = "0" * 64
+
+    _edit_record(out, differs, reseal=True)
     code = cli("compare", "--rerun-cell", CELL, str(out))
     assert code.returncode == 1, code.stderr
     verdict = code.stdout.splitlines()[-1]
     assert verdict.startswith(f"not ok: cell {CELL}") and "metric(s) accuracy differ by more than 1e-09" in verdict
     assert "data fingerprint differs from the recorded one (the data changed: the likely reason)" in verdict
     assert "config hash" not in verdict and "macro_f1" not in verdict
-    assert re.search(r"^accuracy\s+123\.0\s", code.stdout, re.MULTILINE)
+    assert re.search(r"^accuracy\s+0\.123\s", code.stdout, re.MULTILINE)
 
 
 @pytest.mark.parametrize(

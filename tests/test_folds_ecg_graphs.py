@@ -101,10 +101,11 @@ def test_ptbxl_run_on_a_fold_rescores_as_recorded(shared_patients, tmp_path):
         quiet=True, out=str(tmp_path / "run"),
     )  # fmt: skip
     assert run.metrics["samples"] == {"train": 8, "val": 15, "test": 15}
-    rescored = workbench.evaluate(run.path, device="cpu")
+    rescored = workbench.evaluate(run.path, device="cpu", out=tmp_path / "evaluations")
     for name in task.metrics:
         assert rescored[name] == pytest.approx(run.metrics["after"][name], abs=1e-6), name
-    assert json.loads((run.path / "evaluations" / "shared-patients.json").read_text())["test_samples"] == 15
+    record = tmp_path / "evaluations" / "run-shared-patients.json"  # outside the run: <run name>-<data stem>.json
+    assert json.loads(record.read_text())["test_samples"] == 15
 
 
 # -- csbm ----------------------------------------------------------------------------------------

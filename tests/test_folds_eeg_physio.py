@@ -81,5 +81,5 @@ def test_a_run_on_a_fold_keeps_its_split_and_evaluate_reapplies_it(tmp_path, cas
     subjects = (raw.windows if hasattr(raw, "windows") else raw.beats).subjects.tolist()
     counts = metrics["data_summary"].get("windows") or metrics["data_summary"]["beats"]
     assert counts["test"] == sum(subjects.count(group) for group in test)
-    assert workbench.evaluate(out) == pytest.approx(metrics["after"], abs=1e-6)
-    assert json.loads((out / "evaluations" / "default-data.json").read_text())["test_samples"] == counts["test"]
+    assert workbench.evaluate(out, out=out.parent / "evaluation.json") == pytest.approx(metrics["after"], abs=1e-6)
+    assert json.loads((out.parent / "evaluation.json").read_text())["test_samples"] == counts["test"]

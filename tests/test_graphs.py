@@ -278,7 +278,7 @@ def test_cli_adapt_csbm_writes_the_comparison(tmp_path):
     assert (out / "accuracy.png").is_file()
     run = wb.Run.load(out)
     assert run.model.kind == "mixed"
-    rescored = workbench("evaluate", "--run", str(out)).stdout
+    rescored = workbench("evaluate", "--run", str(out), "--out", str(out.parent / "evaluation.json")).stdout
     assert "accuracy" in rescored
     info = workbench("data", "info", "csbm", "--nodes", "150", "--target-homophily", "0.2").stdout
     assert "class-insensitive" in info and "homophily gap (target − source): edge -0.600" in info

@@ -244,10 +244,14 @@ def test_a_damaged_spec_or_compute_json_is_one_line(world, name, content, named)
 
 
 def test_rerun_cell_of_a_damaged_record_or_spec_is_one_line(world):
-    (world / "cmp" / "cells" / CELLS[0] / "cell.json").write_text("null")
-    one_line_error(cli("compare", "--rerun-cell", CELLS[0], "cmp"), "cell.json: damaged")
+    """A damaged record or spec is one that differs from its seal: reported as modified (issue 53), in one line."""
+    record = world / "cmp" / "cells" / CELLS[0] / "cell.json"
+    kept = record.read_bytes()
+    record.write_text("null")
+    one_line_error(cli("compare", "--rerun-cell", CELLS[0], "cmp"), "cell.json: 4 bytes", "modified after it was")
+    record.write_bytes(kept)
     (world / "cmp" / "spec.json").write_text("[1, 2")
-    one_line_error(cli("compare", "--rerun-cell", CELLS[0], "cmp"), "spec.json: damaged (not JSON")
+    one_line_error(cli("compare", "--rerun-cell", CELLS[0], "cmp"), "spec.json: 5 bytes", "modified after it was")
 
 
 def test_a_cell_killed_while_writing_its_first_file_runs_afresh(world):
@@ -273,7 +277,7 @@ def test_a_damaged_pilot_comparison_is_one_line(tmp_path, content):
 
 def test_a_garbage_config_yaml_in_an_interrupted_cell_is_one_line(world):
     cell = world / "cmp" / "cells" / CELLS[1]
-    for name in ("cell.json", "metrics.json"):  # interrupted before its run finished
+    for name in ("cell.json", "metrics.json", "seal.json"):  # interrupted before its run finished (and was sealed)
         (cell / name).unlink()
     (cell / "config.yaml").write_bytes(b"\x00\x01 task: [unclosed")
     one_line_error(rerun(), f"cell {CELLS[1]}", "config.yaml: damaged")

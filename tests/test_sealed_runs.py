@@ -28,7 +28,8 @@ pytest.importorskip("wfdb")
 from workbench.domains.ecg.readers import EMBEDDED_PTBXL  # noqa: E402
 from workbench.domains.ecg.task import PREPROCESSING, PtbXl  # noqa: E402
 
-from workbench.core import seal
+from workbench.core import seal  # noqa: E402
+from workbench.core.errors import UserError  # noqa: E402
 from workbench.run import outputs  # noqa: E402
 
 RECORDS = EMBEDDED_PTBXL / "records100" / "00000"
@@ -36,6 +37,12 @@ RECORDS = EMBEDDED_PTBXL / "records100" / "00000"
 COMPARE = ["compare", "--domain", "features", "--methods", "full", "--folds", "2", "--seeds", "5", "--epochs", "1",
            "--train-size", "60", "--val-size", "20", "--batch-size", "20", "--pretrain-epochs", "20",
            "--quiet"]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    """``evaluate`` writes its record to ``evaluations/`` in the current folder: the test's own."""
+    monkeypatch.chdir(tmp_path)
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
@@ -76,6 +83,13 @@ def copy_run(run: Path, to: Path) -> Path:
     return to
 
 
+def manifest_key_ids() -> set[str]:
+    """The key_ids this machine trusts (the session's key: `conftest.pytest_configure`)."""
+    from workbench.core import sealkeys
+
+    return set(sealkeys.trusted_keys())
+
+
 def predict(run: Path, records: Path, output: Path, *flags: str) -> subprocess.CompletedProcess:
     return run_cli("predict", "--run", run, "--input", records, "--output", output, *flags)
 
@@ -88,6 +102,7 @@ def test_a_finished_run_is_sealed_and_verifies(run):
         assert entry["bytes"] == (run / name).stat().st_size
         assert entry["sha256"] == hashlib.sha256((run / name).read_bytes()).hexdigest()
     assert not any(name.startswith(".") or "/." in name for name in manifest["files"])  # no lock, no temporaries
+    assert set(manifest["required"]) <= set(manifest["files"]) and manifest["key_id"] in manifest_key_ids()
     result = run_cli("verify", run)
     assert result.returncode == 0 and f"ok: {len(manifest['files'])} files verified" in result.stdout
 
@@ -225,18 +240,43 @@ def test_a_changed_run_file_is_refused_naming_it_unless_trusted(run, records, tm
     one_line_error(run_cli("evaluate", "--run", edited), f"{edited / 'adapter.json'}:", "--trust-modified")
 
 
-def test_a_run_without_a_seal_reads_with_a_warning(run, records, tmp_path):
+def test_a_run_without_a_seal_is_refused_unless_trusted(run, records, tmp_path):
+    """A deleted seal (or a run written before runs were sealed) is refused by evaluate, predict and serve's loader
+    (issue 53): nothing proves its files; ``--trust-modified`` uses it and records why."""
+    from workbench.clinical.predictor import ClinicalPredictor
+
     older = copy_run(run, tmp_path / "older")
-    (older / "seal.json").unlink()  # a run written before runs were sealed
-    result = run_cli("evaluate", older)
-    assert result.returncode == 0, result.stderr
-    assert "no seal.json" in result.stderr and "not verified" in result.stdout.splitlines()[0]
-    assert predict(older, records, tmp_path / "p.csv").returncode == 0
-    assert json.loads((tmp_path / "p.json").read_text())["run_seal"] == {"status": "unsealed"}
+    (older / "seal.json").unlink()
+    missing = f"{older / 'seal.json'}: missing"
+    one_line_error(run_cli("evaluate", older, "--out", tmp_path), missing, "--trust-modified")
+    one_line_error(predict(older, records, tmp_path / "p.csv"), missing, "--trust-modified")
+    assert not (tmp_path / "p.csv").exists()
+    with pytest.raises(UserError, match="seal.json: missing"):
+        ClinicalPredictor.load(older)
+    served = ClinicalPredictor.load(older, trust_modified=True)
+    assert missing in served.sealed["problems"][0] and "--trust-modified" in served.sealed["status"]
+    assert predict(older, records, tmp_path / "p.csv", "--trust-modified").returncode == 0
+    recorded = json.loads((tmp_path / "p.json").read_text())["run_seal"]
+    assert "--trust-modified" in recorded["status"] and missing in recorded["problems"][0]
     one_line_error(predict(older, records, older / "adapter.csv"), "inside the run folder")  # sealed or not
     unverifiable = run_cli("verify", older)
     assert unverifiable.returncode == 2 and "cannot be verified" in unverifiable.stderr
     one_line_error(run_cli("verify", tmp_path / "records"), "not a finished run or comparison")
+
+
+def test_an_emptied_or_forged_seal_is_refused_by_predict_and_serve(run, records, tmp_path):
+    """The probe's repro: emptying ``files`` let a tampered adapter through ("verified, 0 files")."""
+    from workbench.clinical.predictor import ClinicalPredictor
+
+    changed = copy_run(run, tmp_path / "R")
+    content = json.loads((changed / "seal.json").read_text())
+    (changed / "seal.json").write_text(json.dumps({**content, "files": {}}))
+    one_line_error(predict(changed, records, tmp_path / "p.csv"), "signature does not hold")
+    with pytest.raises(UserError, match="signature does not hold"):
+        ClinicalPredictor.load(changed)
+    (changed / "seal.json").write_text(json.dumps({**content, "format": "workbench-seal/1"}))
+    one_line_error(predict(changed, records, tmp_path / "p.csv"), "unkeyed seal written by workbench < 0.3")
+    assert not (tmp_path / "p.csv").exists()
 
 
 def test_the_output_is_checked_before_anything_is_scored(run, records, tmp_path, monkeypatch):

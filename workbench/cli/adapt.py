@@ -7,7 +7,7 @@ import argparse
 import textwrap
 from typing import Any
 
-from workbench.cli.flags import _add_plugin_options, _add_settings, _given_options, _width
+from workbench.cli.flags import _add_plugin_options, _add_seal_key, _add_settings, _given_options, _width
 
 
 def _add_adapt_command(commands: Any, chosen: dict[str, list[str]] | None, examples: str) -> None:
@@ -27,6 +27,7 @@ def _add_adapt_command(commands: Any, chosen: dict[str, list[str]] | None, examp
     run_flags.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     run_flags.add_argument("--quiet", action="store_true", help="print only the result table and the run folder: no "
                            "progress bars, no log lines (warnings still go to stderr)")  # fmt: skip
+    _add_seal_key(run_flags)
     _add_plugin_options(adapt, chosen, "task", "method", defaults=defaults.get("options"))
 
 
@@ -94,7 +95,7 @@ def adapt_request(args: argparse.Namespace) -> Any:
     from workbench.core.registry import methods, tasks
 
     task_cls = tasks.get(args.domain)
-    method_name = args.method or task_cls.default_method
+    method_name = (args.method or task_cls.default_method).split(":")[0]  # METHOD[:VARIANT]
     given = {p.name: getattr(args, p.name) for p in RunRequest.parameters() if getattr(args, p.name) is not None}
     options = _given_options(
         args, {"task": (args.domain, task_cls.options), "method": (method_name, methods.get(method_name).options)}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from workbench.cli.flags import _add_seal_key
+
 
 def _add_card_command(commands: Any) -> None:
     """``workbench card RUN [--output FILE]``."""
@@ -13,6 +15,7 @@ def _add_card_command(commands: Any) -> None:
     card.add_argument("--output", metavar="FILE", help="where to write it, outside the run folder (default: "
                       "card-<run name>.md here)")  # fmt: skip
     card.add_argument("--overwrite", action="store_true", help="replace an earlier card at --output")
+    _add_seal_key(card)
 
 
 def run_card(args: argparse.Namespace) -> int:

@@ -15,6 +15,9 @@ def _add_evaluate_command(commands: Any) -> None:
     evaluate.add_argument("--run", metavar="RUN", help="run directory")
     evaluate.add_argument("--data", metavar="PATH", help="data to score on (default: the run's own); its test split "
                           "is used")  # fmt: skip
+    evaluate.add_argument("--out", metavar="PATH", default="evaluations", help="where the evaluation's record "
+                          "goes: a .json file, or a folder for <run name>-<data stem>.json; never inside a run "
+                          "(default: evaluations/ in the current folder)")  # fmt: skip
     _add_settings(evaluate, "evaluate")
     _add_trust_modified(evaluate)
 
@@ -27,17 +30,16 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if (args.run is None) == (args.run_folder is None):
         raise UserError("evaluate needs one run: workbench evaluate RUN (or --run RUN)")
     run_folder = args.run or args.run_folder
-    metrics, sealed = evaluate_run(run_folder, data=args.data, device=args.device,
-                                   trust_modified=args.trust_modified)  # fmt: skip
+    metrics, sealed, written = evaluate_run(run_folder, data=args.data, device=args.device,
+                                            trust_modified=args.trust_modified, out=args.out)  # fmt: skip
     print(_seal_line(run_folder, sealed))
     print("\n".join(f"{name:28}{value:12.3f}" for name, value in metrics.items()))
+    print(f"record written to {written}")
     return 0
 
 
 def _seal_line(run: str, sealed: dict[str, Any]) -> str:
     """What ``evaluate`` and ``predict`` print about the run's seal (`workbench.core.seal.check_run`)."""
     if sealed["status"] == "verified":
-        return f"run {run}: {sealed['files']} files match its seal.json"
-    if sealed["status"] == "unsealed":
-        return f"run {run}: no seal.json (written before runs were sealed): not verified"
+        return f"run {run}: {sealed['files']} files match its seal.json, signed by key {sealed['key_id']}"
     return f"run {run}: {sealed['status']}: " + "; ".join(sealed["problems"])

@@ -30,7 +30,7 @@ def _metavar(option: Any) -> str | None:
 METAVARS = frozenset({
     "INT", "FLOAT", "TEXT", "SEED", "SEEDS", "RATES",  # numbers (SEEDS: 200,201 or 200-204), free text
     "TASK", "METHOD", "METHODS", "MODEL", "ENTRY", "METRIC", "METRICS", "STAGE", "ID", "A,B[,C]", "METHOD.OPTION=VALUE",
-    "METHOD:NAME",  # names
+    "METHOD:NAME", "SHA256",  # names (SHA256: 64 hex digits)
     "PATH", "DIR", "FILE", "RUN", "ADDRESS",  # files and places
     "COMMAND", "ACTION",  # sub-commands
 })  # fmt: skip
@@ -205,5 +205,16 @@ def _add_device(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_trust_modified(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trust-modified", action="store_true", help="use a run whose files differ from its "
-                        "seal.json (changed after it finished); the output records it")  # fmt: skip
+    """``--trust-modified`` and ``--seal-key`` (`_add_seal_key`) of a command that reads a finished run."""
+    parser.add_argument("--trust-modified", action="store_true", help="use a run that does not verify against its "
+                        "seal.json (a file changed after it finished, a missing or untrusted seal); the output "
+                        "records what was wrong")  # fmt: skip
+    _add_seal_key(parser)
+
+
+def _add_seal_key(parser: argparse.ArgumentParser) -> None:
+    """``--seal-key PATH``: the ed25519 key that signs seals and whose public key verifies them
+    (`workbench.core.sealkeys`); the command line sets it for the command (`workbench.cli.run`)."""
+    parser.add_argument("--seal-key", metavar="PATH", help="the private key that signs and verifies seals, outside "
+                        "every run folder (default: $WORKBENCH_SEAL_KEY, else "
+                        "$XDG_CONFIG_HOME/workbench/seal-key.pem; made on first use)")  # fmt: skip

@@ -52,7 +52,9 @@ from workbench.core import reuse
 from workbench.core.checkpoint import write_text
 from workbench.core.config import RunConfig, resolve_config
 from workbench.core.errors import UserError
-from workbench.core.seal import seal
+from workbench.core.metrics import check_recorded
+from workbench.core.registry import tasks
+from workbench.core.seal import SEAL, seal, verify_seal
 from workbench.run.fingerprint import data_fingerprint
 
 _log = logging.getLogger("workbench")
@@ -69,9 +71,10 @@ def run_cell(
     the same numbers, computed once)."""
     folder = Path(out) / "cells" / cell.name
     done = folder / "cell.json"
-    recorded = read_record(Path(out), cell)
+    recorded = read_record(Path(out), cell, lower_is_better(spec))
     if isinstance(recorded, dict):
         return recorded
+    _release_record(folder)
     rates = spec.lr_grid or (spec.learning_rate,)
     runs = {}
     start = time.perf_counter()
@@ -93,7 +96,8 @@ def run_cell(
         "manifest": cell_manifest(spec, cell, runs[chosen], wall_seconds),
     }
     text = json.dumps(record, indent=2) + "\n"
-    seal(folder, "cell", pending={"cell.json": text.encode()}, extend=True)  # its run's seal, then the record
+    kind = "cell" if len(rates) == 1 else "grid-cell"  # a grid's runs are sealed in their own folders
+    seal(folder, kind, pending={"cell.json": text.encode()}, extend=True)  # its run's seal, then the record
     write_text(done, text)
     return record
 
@@ -239,13 +243,48 @@ def _quiet_logs() -> Iterator[None]:
 _quiet_cells: dict[str, Any] = {"count": 0, "propagate": True}
 
 
-def read_record(out: Path, cell: Cell) -> dict[str, Any] | str | None:
+def _release_record(folder: Path) -> None:
+    """A cell about to be recorded again whose ``cell.json`` is missing (a crash between its seal and its record) or
+    damaged (`read_record`: a record is a cache of its run): when the rest of the folder verifies against the cell's
+    seal, the damaged record is removed and the seal goes back to its run's (a "run" seal anew; a grid cell's is
+    removed), so that the run is reused and the cell recorded and sealed again.
+
+    Raises:
+        UserError: the rest of the folder does not verify against that seal (naming the first problem).
+    """
+    path = folder / SEAL
+    content = json_object(path) if path.is_file() else None
+    if not isinstance(content, dict) or content.get("kind") not in ("cell", "grid-cell"):
+        return
+    problems = verify_seal(folder, ignore={"cell.json"})
+    if problems:
+        raise UserError(f"{problems[0]}; remove {folder} to run that cell again")
+    (folder / "cell.json").unlink(missing_ok=True)
+    if content["kind"] == "cell":
+        seal(folder, "run")
+    else:
+        path.unlink()
+
+
+@functools.cache
+def _lower_is_better(domain: str, options: str) -> frozenset[str]:
+    """`workbench.core.task.Task.lower_is_better` of the task ``domain`` with the options ``options`` (JSON)."""
+    return frozenset(tasks.get(domain)(**json.loads(options)).lower_is_better)
+
+
+def lower_is_better(spec: CompareSpec) -> frozenset[str]:
+    """The metrics of which lower is better (errors) of the comparison's task with its options."""
+    return _lower_is_better(spec.domain, json.dumps(dict(spec.task_options), sort_keys=True, default=str))
+
+
+def read_record(out: Path, cell: Cell, lower: frozenset[str] = frozenset()) -> dict[str, Any] | str | None:
     """The record of ``cell`` in the comparison ``out``: None when it has none; a text saying what is wrong when its
     ``cell.json`` is damaged (not JSON, not an object, a key of `RECORD_KEYS` missing, metrics or split that are not
     objects): a record is a cache of its cell's run, so the cell runs again (a finished run is only read again).
 
     Raises:
-        UserError: the record is of another cell (copied from another folder).
+        UserError: the record is of another cell (copied from another folder), or a metric (``metrics``,
+            ``before``) is out of its range (`workbench.core.metrics.check_recorded`; ``lower``: the task's errors).
     """
     path = out / "cells" / cell.name / "cell.json"
     if not path.is_file():
@@ -262,6 +301,12 @@ def read_record(out: Path, cell: Cell) -> dict[str, Any] | str | None:
         named = f"{record['method']}/fold{record['fold']}-seed{record['seed']}"
         raise UserError(f"{path}: records the cell {named}, not {cell.name} (copied from another cell's folder?); "
                         "remove it to run this cell again")  # fmt: skip
+    try:
+        for field in ("metrics", "before"):
+            if field in record:
+                check_recorded(path, field, record[field], lower)
+    except UserError as error:
+        raise UserError(f"{error}: remove {path.parent} to run that cell again") from None
     return record
 
 
@@ -301,7 +346,7 @@ def run_cells(
     fingerprints: dict[tuple[int, str], str] = {}
     unchecked = 0
     for cell in cells:
-        record = read_record(out, cell)
+        record = read_record(out, cell, lower_is_better(spec))
         if isinstance(record, dict):
             unchecked += not check_recorded_data(spec, cell, record, out, fingerprints)
             records[cell.name] = record

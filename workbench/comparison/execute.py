@@ -33,7 +33,7 @@ from workbench.comparison.design import (
 from workbench.core.checkpoint import write_json
 from workbench.core.config import resolve_config
 from workbench.core.errors import UserError
-from workbench.core.seal import seal, verify
+from workbench.core.seal import seal, verify, verify_seal
 from workbench.run.rundir import claim_run_dir
 
 _log = logging.getLogger("workbench")
@@ -106,26 +106,20 @@ def compare(
 
 
 def _verify_cells(out: Path, cells: Sequence[Cell]) -> None:
-    """Every cell's record and run files as their seal says (`workbench.core.seal.verify`), before they are summarised;
-    cells recorded before cells were sealed are used with one warning.
+    """Every cell's record and run files verify against their seals (`workbench.core.seal.verify`: signed by a trusted
+    key, complete, unchanged) before they are summarised.
 
     Raises:
-        UserError: one line naming the first file that differs from its cell's seal.
+        UserError: one line naming the first problem (a changed or added file, a bad or untrusted seal, a cell folder
+            without one).
     """
-    unsealed = []
     for cell in cells:
         result = verify(out / "cells" / cell.name)
-        if result.problems:
-            more = f" (and {len(result.problems) - 1} more: workbench verify {out})" if len(result.problems) > 1 else ""
-            raise UserError(f"{result.problems[0]}{more}; the report uses only records that match their seals: "
+        problems = result.problems + [verify_seal(folder)[0] for folder in result.unsealed]
+        if problems:
+            more = f" (and {len(problems) - 1} more: workbench verify {out})" if len(problems) > 1 else ""
+            raise UserError(f"{problems[0]}{more}; the report uses only records that verify against their seals: "
                             f"remove {out / 'cells' / cell.name} to run that cell again")  # fmt: skip
-        unsealed += result.unsealed
-    if unsealed:
-        logging.getLogger("workbench").warning(
-            "%d cell folder(s) of %s have no seal.json (recorded before cells were sealed): not verified",
-            len(unsealed),
-            out,
-        )
 
 
 def _check_spec(out: Path, spec: CompareSpec) -> bool:

@@ -12,9 +12,11 @@ from typing import Any, Mapping
 
 import torch
 
-from workbench.comparison.cells import run_cell
+from workbench.comparison.cells import lower_is_better, run_cell
 from workbench.comparison.design import json_object, plan_cells, read_spec
 from workbench.core.errors import UserError
+from workbench.core.metrics import check_recorded
+from workbench.core.seal import verify, verify_seal
 
 _log = logging.getLogger("workbench")
 
@@ -41,18 +43,22 @@ def rerun_cell(out: str | Path, cell_name: str, threads: int | None = None) -> d
     2.7.0"), ``manifests`` (``recorded``, ``rerun``), ``threads`` and ``matches``: no metric and no hash differs.
 
     Raises:
-        UserError: ``out`` holds no ``spec.json``, or no record of the cell ``cell_name``.
+        UserError: ``out`` holds no ``spec.json``, or no record of the cell ``cell_name``; the comparison's or the
+            cell's seal does not verify (a modified record, `_verify_recorded`); a recorded metric is out of its range.
     """
     out = Path(out)
     if not (out / "spec.json").is_file():
         raise UserError(f"{out}: no spec.json; give the folder of a comparison (the --out of workbench compare)")
-    spec = read_spec(out / "spec.json")
     names = sorted(path.parent.relative_to(out / "cells").as_posix() for path in out.glob("cells/*/*/cell.json"))
     if cell_name not in names:
         shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
         raise UserError(f"{out} has no recorded cell {cell_name!r} (METHOD/fold<k>-seed<s>; its cells: "
                         f"{shown or 'none yet'})")  # fmt: skip
+    _verify_recorded(out, cell_name)
+    spec = read_spec(out / "spec.json")
     record = json_object(out / "cells" / cell_name / "cell.json")
+    if isinstance(record, dict):
+        check_recorded(out / "cells" / cell_name / "cell.json", "metrics", record.get("metrics"), lower_is_better(spec))
     if isinstance(record, str) or not isinstance(record.get("seed"), int):
         why = record if isinstance(record, str) else "no seed"
         raise UserError(f"{out / 'cells' / cell_name / 'cell.json'}: damaged ({why}); rerun the comparison (the same "
@@ -98,6 +104,23 @@ def rerun_cell(out: str | Path, cell_name: str, threads: int | None = None) -> d
         "manifests": {"recorded": before or None, "rerun": after},
         "matches": not mismatched and all(entry["match"] is not False for entry in hashes.values()),
     }
+
+
+def _verify_recorded(out: Path, cell_name: str) -> None:
+    """The comparison's own seal (its ``spec.json``) and the cell's (its record and run) verify: a rerun is compared
+    only with a record as it was written.
+
+    Raises:
+        UserError: naming the first problem: a modified record is reported as such, never as a method that does not
+            reproduce.
+    """
+    cell = verify(out / "cells" / cell_name)
+    problems = cell.problems + [verify_seal(folder)[0] for folder in cell.unsealed] + verify_seal(out)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"{problems[0]}{more}; the recorded cell or its comparison was modified after it was "
+                        f"written (or is not sealed by a trusted key), so a rerun cannot be compared with it: "
+                        f"workbench verify {out}")  # fmt: skip
 
 
 def _changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:

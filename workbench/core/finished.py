@@ -1,7 +1,8 @@
 """A finished run read back: its configuration, metrics and adapted model (`Run.load`).
 
 What plug-ins may use of a finished run (a teacher, a served model) lives here, below every application: the run
-folder's layout is written by `workbench.run.adapting`, verified by `workbench.core.seal`.
+folder's layout is written by `workbench.run.adapting`, verified by `workbench.core.seal` (`Run.load` verifies before
+it reads anything but the configuration).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from workbench.core.checkpoint import load_tensors
 from workbench.core.config import RunConfig
 from workbench.core.errors import UserError
 from workbench.core.registry import methods, tasks
+from workbench.core.seal import check_run
 
 
 @dataclass
@@ -31,6 +33,8 @@ class Run:
     config: RunConfig
     metrics: dict[str, Any]
     model: nn.Module | None = field(default=None, repr=False)
+    #: What `workbench.core.seal.check_run` said of the run's seal when it was loaded (None: not checked).
+    sealed: dict[str, Any] | None = None
 
     @property
     def paths(self) -> dict[str, Path]:
@@ -52,12 +56,23 @@ class Run:
         return RunConfig.from_dict(yaml.safe_load((Path(path) / "config.yaml").read_text()))
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "auto") -> "Run":
-        """Read a finished run and rebuild its adapted model (base model + task state + adapter, merged) on
-        ``device`` (`workbench.core.device.resolve`)."""
+    def load(
+        cls, path: str | Path, device: str | torch.device = "auto", trust_modified: bool = False,
+        sealed: dict[str, Any] | None = None,
+    ) -> "Run":
+        """Verify a finished run against its seal, then read it and rebuild its adapted model (base model + task
+        state + adapter, merged) on ``device`` (`workbench.core.device.resolve`).
+
+        ``trust_modified``: use a run that does not verify (`workbench.core.seal.check_run`; its problems are in
+        `Run.sealed`); ``sealed``: what the caller's own `check_run` of this run said (it is not verified twice).
+
+        Raises:
+            UserError: not a finished run, or it does not verify (naming the first problem) unless ``trust_modified``.
+        """
         config = cls.read_config(path)
+        sealed = sealed if sealed is not None else check_run(path, trust_modified)
         metrics = json.loads((Path(path) / "metrics.json").read_text())
-        return cls(Path(path), config, metrics, adapted_model(Path(path), config, placement.resolve(device)))
+        return cls(Path(path), config, metrics, adapted_model(Path(path), config, placement.resolve(device)), sealed)
 
 
 def adapted_model(path: Path, config: RunConfig, device: torch.device) -> nn.Module:

@@ -295,3 +295,45 @@ def multilabel_scores(truth, probabilities, thresholds, classes: Sequence[str]) 
         "macro_f1": float(np.mean([scores[f"f1_{name.lower()}"] for name in classes])),
         **scores,
     }
+
+
+#: The range of every score this module computes, by the end of its name (``balanced_accuracy``, ``f1_norm``,
+#: ``closed_accuracy``, ``auroc_mi``): what a record read back may hold (`check_recorded`).
+RANGES: dict[str, tuple[float, float]] = {
+    "accuracy": (0.0, 1.0), "f1": (0.0, 1.0), "recall": (0.0, 1.0), "auroc": (0.0, 1.0),
+    "average_precision": (0.0, 1.0), "kappa": (-1.0, 1.0),
+}  # fmt: skip
+
+
+def metric_range(name: str, lower_is_better: frozenset[str] | set[str] = frozenset()) -> tuple[float, float]:
+    """The values metric ``name`` can take: `RANGES` for a score of this module (``f1_<class>``, ``<x>_accuracy``:
+    matched by a word of its name), ``[0, inf]`` for an error (a name in the task's ``lower_is_better``), else any."""
+    words = name.lower().split("_")
+    for end, bounds in RANGES.items():
+        if end in words or name.lower().endswith(end):
+            return bounds
+    return (0.0, float("inf")) if name in lower_is_better else (float("-inf"), float("inf"))
+
+
+def check_recorded(path: object, field: str, metrics: object, lower_is_better: frozenset[str] | set[str] = frozenset()
+                   ) -> None:  # fmt: skip
+    """The metrics ``metrics`` read back from ``path`` (its ``field``) are numbers in their range (`metric_range`):
+    NaN or null stands for a metric undefined on its data, +inf only for an error; nothing else passes.
+
+    Raises:
+        UserError: naming the file, the field and what was expected.
+    """
+    if not isinstance(metrics, dict):
+        raise UserError(f"{path}: {field} is {type(metrics).__name__}, expected an object of metric -> number")
+    for name, value in metrics.items():
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            continue
+        low, high = metric_range(name, lower_is_better)
+        finite = high < float("inf") or name not in lower_is_better
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high or (
+            finite and not np.isfinite(value)
+        ):  # fmt: skip
+            expected = f"a number in [{low:g}, {high:g}]" if np.isfinite([low, high]).all() else (
+                "a number >= 0 (an error)" if low == 0 else "a finite number")  # fmt: skip
+            raise UserError(f"{path}: {field}.{name} is {value!r}, expected {expected}; the record was changed or "
+                            "damaged after it was written")  # fmt: skip

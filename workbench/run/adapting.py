@@ -14,8 +14,8 @@ Run directory::
     <method>/               what the chosen method's stages made besides the adapter (`PlanInputs.outputs`)
     clinical.json, .npz     a task with batch prediction: temperatures, conformal calibration, the shift alarm's
     reliability.png         reference features (`workbench.clinical.fit`); written with report.md
-    seal.json               sha256 and size of every file above (`workbench.core.seal`): written when the run finishes;
-                            `evaluate` and `predict` verify it before they use the run
+    seal.json               sha256 and size of every file above, signed (`workbench.core.seal`): written when the run
+                            finishes, and the run is complete only once it verifies; every reader verifies it first
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from workbench.core.method import Method, PlanInputs, count_parameters
 from workbench.core.options import renamed
 from workbench.core.records import SkipReport
 from workbench.core.registry import methods, tasks
-from workbench.core.seal import seal
+from workbench.core.seal import SEAL, check_run, seal
 from workbench.core.settings import SETTINGS
 from workbench.core.task import Evaluation, Task, TaskData
 from workbench.core.trainer import distributed
@@ -110,9 +110,10 @@ def run_request(
     fitted = tuple(name for name in ("batch_size", "threads") if getattr(request, name) is None)
     check_out_dir(out_dir, config, resume, fitted)
     device = placement.resolve(config.device)
-    if resume and (out_dir / "metrics.json").is_file():
+    sealed = _complete(out_dir) if resume else None
+    if sealed is not None:
         log.info("%s is complete; nothing to resume", out_dir)
-        return Run.load(out_dir, device)
+        return Run.load(out_dir, device, sealed=sealed)
     earlier_threads = Run.read_config_file(out_dir).threads if resume and request.threads is None else None
     threads = threads or ThreadPolicy(request.threads or earlier_threads or None)  # 0: older runs, not pinned
     config = dataclasses.replace(config, threads=threads.pinned)
@@ -148,9 +149,28 @@ def run_request(
         write_text(out_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
         write_json(out_dir / FINGERPRINT, {"settings_hash": run_settings_hash(config.to_dict()), **data_print})
         with _logging_to(out_dir / "log.txt"):
-            finished = steps()
+            steps()
         seal(out_dir, "run")  # last, once log.txt is closed: every file the run produced (`workbench.core.seal`)
-        return finished
+        return Run.load(out_dir, device)  # rebuilt from what was written and sealed: the run directory is the result
+
+
+def _complete(out_dir: Path) -> dict[str, Any] | None:
+    """What `workbench.core.seal.check_run` says of the run in ``out_dir`` when it is complete (its ``metrics.json`` is
+    there and its seal verifies); None when it is not: a run interrupted before it was sealed (``metrics.json`` but no
+    ``seal.json``) runs its last steps again and seals them.
+
+    Raises:
+        UserError: its seal is there but does not verify (a file changed, an untrusted key): a run is never resumed
+            over files that differ from their seal.
+    """
+    if not (out_dir / "metrics.json").is_file():
+        return None
+    if not (out_dir / SEAL).is_file():
+        log.warning("%s: metrics.json but no %s (interrupted before it was sealed): its last steps run again", out_dir,
+                    SEAL)  # fmt: skip
+        return None
+    return check_run(out_dir, fix="a run is not resumed over files that differ from its seal: start afresh in another "
+                                  "--out")  # fmt: skip
 
 
 def _shared_key(config: RunConfig, data_print: dict[str, Any], device: torch.device) -> dict[str, Any] | None:
@@ -279,8 +299,7 @@ def _adapt_steps(
         if not quiet:
             print(report.table(metrics, task.metrics, task.default_method, task.lower_is_better))
             print(f"run written to {out_dir}")
-        return Run.load(out_dir, device)  # rebuilt from what was written: the run directory is the result
-    return Run(out_dir, config, metrics)
+    return Run(out_dir, config, metrics)  # rank 0's `run_request` loads it once it is sealed
 
 
 def _fit_clinical(task: Task, config: RunConfig, data: TaskData, out_dir: Path, device: torch.device

@@ -58,7 +58,7 @@ def predict(
     sealed = check_run(run, trust_modified)  # before anything the run wrote is used
     with claim_file(output):  # the output is this process's from its check to its last rename
         check_output(output, overwrite, _output_estimate(folder))
-        finished = Run.load(run, device)
+        finished = Run.load(run, device, sealed=sealed)  # verified once, above
         adapter = json.loads((finished.path / "adapter.json").read_text())
         task.use_run_state(adapter["task_state"])
         predictor = ClinicalPredictor(finished.path, config, task, finished.model, adapter, sealed, shift_window=0)
