@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -84,14 +86,66 @@ def test_an_intact_log_verifies_from_the_command_line(tmp_path, capsys):
     assert code == 2 and "no such file" in err
 
 
-def test_a_torn_last_line_is_reported_and_never_continued(tmp_path):
+def test_a_torn_last_line_is_quarantined_and_the_chain_continues(tmp_path):
     path = tmp_path / "a.jsonl"
     lines = written(path, 3)
     path.write_bytes(b"\n".join(lines) + b"\n" + lines[2][:40])
     check = verify_log(path)
-    assert check.bad_line == 4 and "incomplete" in check.problem and check.lines == 3
-    with pytest.raises(UserError, match="line 4: incomplete.*never continued"):
+    assert check.bad_line == 4 and "incomplete" in check.problem and check.lines == 3 and check.torn_last_line
+    log = AuditLog(path)
+    log.append({"request_id": "after"})
+    log.close()
+    entries = [json.loads(line) for line in path.read_bytes().splitlines()]
+    assert verify_log(path).ok and [e["seq"] for e in entries] == [1, 2, 3, 4, 5]
+    record = entries[3]
+    assert record["event"] == "quarantined_torn_line" and record["torn_bytes"] == 40
+    evidence = tmp_path / record["quarantine_file"]
+    assert evidence.read_bytes() == lines[2][:40]  # the torn bytes kept, byte for byte
+    assert record["torn_sha256"] == hashlib.sha256(lines[2][:40]).hexdigest()
+    assert (evidence.stat().st_mode & 0o777) == 0o600
+
+
+def test_an_edited_line_before_the_end_is_still_never_continued(tmp_path):
+    path = tmp_path / "a.jsonl"
+    lines = written(path, 3)
+    path.write_bytes(b"\n".join([lines[0], lines[1].replace(b"ward-7", b"ward-9"), lines[2]]) + b"\n" + b"torn")
+    with pytest.raises(UserError, match="line 2: .*never continued"):
         AuditLog(path)
+
+
+_FULL_DISK = """
+import json, os, resource, sys
+from workbench.serve.audit import AuditLog
+path, limit = sys.argv[1], int(sys.argv[2])
+log = AuditLog(path)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # the kernel refuses bytes past `limit`: a full disk
+answered, errors = 0, []
+for index in range(20):
+    try:
+        log.append({"request_id": f"r{index}", "outputs": [{"p": 0.5}]})
+        answered += 1
+    except OSError as error:
+        errors.append(str(error))
+print(json.dumps({"answered": answered, "errors": errors, "failure": log.failure}))
+"""
+
+
+def test_a_full_disk_leaves_a_torn_line_that_a_restart_quarantines(tmp_path):
+    """The kernel cuts a line short at the file size limit (RLIMIT_FSIZE: what a full disk does to a write); the
+    log then refuses every append with one reason; a restart keeps the torn bytes apart and continues the chain."""
+    path = tmp_path / "a.jsonl"
+    done = subprocess.run([sys.executable, "-c", _FULL_DISK, str(path), "700"], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    outcome = json.loads(done.stdout)
+    assert outcome["answered"] >= 1 and len(outcome["errors"]) == 20 - outcome["answered"]
+    assert "cannot be written" in outcome["failure"] and all("earlier write failed" in e for e in outcome["errors"][1:])
+    assert path.stat().st_size == 700 and not path.read_bytes().endswith(b"\n")  # a torn last line
+    log = AuditLog(path)
+    log.append({"request_id": "after-restart"})
+    log.close()
+    entries = [json.loads(line) for line in path.read_bytes().splitlines()]
+    assert verify_log(path).ok and len(entries) == outcome["answered"] + 2
+    assert entries[-2]["event"] == "quarantined_torn_line" and entries[-1]["request_id"] == "after-restart"
 
 
 def test_an_existing_log_is_continued_after_its_last_line(tmp_path):

@@ -14,7 +14,7 @@ from PIL import Image
 
 from workbench.core.errors import UserError
 from workbench.serve.auth import parse_tokens
-from workbench.serve.limits import Limits, too_large
+from workbench.serve.limits import Limits, check_upload, too_large
 from workbench.serve.uploads import Refused, RequestFolder, input_sha256, intake_files, safe_name
 
 LIMITS = Limits(max_record_seconds=3600, max_pixels=1_000_000)
@@ -43,8 +43,10 @@ def test_signal_durations_are_read_from_the_headers(tmp_path):
     assert too_large(_edf(tmp_path / "c.edf", 360, 10.0), LIMITS) is None  # 3600 s: at the limit
     assert "a record of 3630 s" in too_large(_edf(tmp_path / "d.edf", 121, 30.0), LIMITS)
     segmented = tmp_path / "e.hea"
-    segmented.write_text("e/2 12 100 99999999\n")  # a multi-segment record: left to the reader
-    assert too_large(segmented, LIMITS) is None
+    segmented.write_text("e/2 12 100 99999999\n")  # a multi-segment record: its duration cannot be bounded
+    assert check_upload(segmented, LIMITS) == (422, "e.hea: a multi-segment record (record line 'name/segments'): "
+                                               "this server cannot bound its duration from the header; send a "
+                                               "single-segment record")  # fmt: skip
 
 
 def test_image_pixels_are_read_from_the_headers_before_decoding(tmp_path):

@@ -124,8 +124,32 @@ def _read_header(base: Path) -> tuple[Path, Any]:
         raise BadRecordError(header_path, f"unreadable WFDB header ({error})") from None
     if not hasattr(header, "sig_name") or getattr(header, "seg_name", None):
         raise BadRecordError(header_path, "a multi-segment record; expected a single-segment 12-lead record")
+    _check_rate_field(header_path)
     _check_record_line(header_path, header)
     return header_path, header
+
+
+def _check_rate_field(header_path: Path) -> None:
+    """The record line's rate field as written (wfdb reads one it cannot parse, such as ``-100``, as its default of
+    250 Hz): a positive finite number [Hz], optionally ``/counter(base)``."""
+    with open(header_path, "rb") as handle:
+        for raw in handle:
+            words = raw.decode("ascii", "replace").split("#", 1)[0].split()
+            if words:
+                break
+        else:
+            return  # wfdb has refused a header without a record line already
+    if len(words) < 3:
+        raise BadRecordError(header_path, "record line: no sampling rate (the 3rd field); expected a positive number "
+                             "[Hz] (wfdb would assume 250 Hz)")  # fmt: skip
+    text = words[2].split("/")[0].split("(")[0]
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not (math.isfinite(rate) and rate > 0):
+        raise BadRecordError(header_path, f"record line: sampling rate field (the 3rd) is {words[2]!r}; expected a "
+                             "positive number [Hz]")  # fmt: skip
 
 
 def _check_checksums(base: Path, record: Any, digital: np.ndarray, columns: list[int], names: list[str]) -> None:

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workbench.core import dicom
 from workbench.core.errors import UserError
 
 #: The smallest side an input image may have [px].
@@ -161,20 +162,27 @@ def _check_readable(path: Path, kind: str, where: str, max_pixels: int):
             shape_ = nibabel.load(path).shape
             pixels, shape, header = math.prod(map(int, shape_)), " × ".join(map(str, shape_)), None  # no int64 wrap
         else:
-            import pydicom
-
             files = [path] if path.is_file() else [p for p in sorted(path.iterdir()) if p.is_file()]
             if not files:
                 raise UserError(f"{where}: the DICOM folder {path} holds no file")
             for file in reversed(files):  # every file's element lengths checked; the first one's header kept
-                with _BoundedFile(file) as bounded:
-                    header = pydicom.dcmread(bounded, defer_size=_BoundedFile.CHUNK)
+                with _BoundedFile(file) as bounded:  # a deflated dataset: inflated within a budget (workbench.core)
+                    header = dicom.read_header(file, max_pixels, source=bounded)
             slices = int(getattr(header, "NumberOfFrames", 1) or 1) if path.is_file() else len(files)
             rows, cols = int(getattr(header, "Rows", 0) or 0), int(getattr(header, "Columns", 0) or 0)
             samples = int(getattr(header, "SamplesPerPixel", 1) or 1)
             if samples not in (1, 3, 4):
                 raise UserError(f"{where}: {path} has {samples} samples per pixel; expected 1, 3 or 4")
             pixels, shape = rows * cols * slices, f"{rows} × {cols}" + (f" × {slices}" if slices > 1 else "")
+    except dicom.DicomRefused as error:
+        if error.shape is not None:  # the header's own size: said as for every other kind of image
+            rows, cols, frames = error.shape
+            shape = f"{rows} × {cols}" + (f" × {frames}" if frames > 1 else "")
+            raise UserError(f"{where}: {path} is {shape} px ({rows * cols * frames:,} pixels); expected at most "
+                            f"{max_pixels:,} (--max-image-pixels)") from None  # fmt: skip
+        if error.too_large:
+            raise UserError(f"{where}: {path}: {error.problem} (--max-image-pixels)") from None
+        raise UserError(f"{where}: cannot read {path} as {_NAMES[kind]} ({error.problem})") from None
     except UserError:
         raise
     except _Overrun as error:

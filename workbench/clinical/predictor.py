@@ -5,7 +5,7 @@ Per call of `ClinicalPredictor.answer` (a batch: one upload is a batch of one):
 
 * probabilities: the task's, scaled by the run's temperatures (`workbench.clinical.calibration`);
 * shift: the MMD permutation test (`workbench.clinical.shift_alarm`) of the batch's features together with the
-  last ``shift_window`` features answered before it, against the run's reference sample;
+  last ``shift_window`` features answered before it for the same caller, against the run's reference sample;
 * conformal set at level 1 − `workbench.clinical.fit.ALPHA`: weighted (`workbench.clinical.conformal`), with
   ``w = p_incoming / p_calibration`` estimated by a registered density-ratio method (`DENSITY_RATIO`) between the
   calibration features and the batch with the window, when both hold at least `MIN_WEIGHTED` items; split
@@ -13,6 +13,10 @@ Per call of `ClinicalPredictor.answer` (a batch: one upload is a batch of one):
 
 A run without ``clinical.json`` (an older run, a task without probabilities) answers with its plain probabilities;
 calibration, conformal and shift are then None.
+
+What is kept between calls (the rolling window and the count of batches that seeds the permutation test) is kept per
+caller (`ClinicalPredictor.answer`'s ``caller``; `DEFAULT_CALLER` for ``workbench predict``): one caller's traffic
+never changes another's answers.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ DENSITY_RATIO = "density-ratio"
 #: Fewest incoming items (batch + window), and fewest calibration items, from which the weights are estimated;
 #: below, split conformal (a density ratio from a handful of points is noise).
 MIN_WEIGHTED = 20
+#: The caller of a call that names none (``workbench predict``: one caller).
+DEFAULT_CALLER = "local"
 
 
 class ClinicalPredictor:
@@ -60,10 +66,10 @@ class ClinicalPredictor:
         self.calibration_scores = (conformal.true_scores(arrays["calibration_probabilities"],
                                                          arrays["calibration_truth"], self.multilabel)
                                    if self.summary else None)  # fmt: skip
-        self.window: deque[np.ndarray] = deque(maxlen=max(0, int(shift_window)))
         self.shift_window = int(shift_window)
         self._lock = threading.Lock()
-        self._batches = 0
+        self._windows: dict[str, deque[np.ndarray]] = {}  # per caller: the last features answered
+        self._batches: dict[str, int] = {}  # per caller: batches answered (the permutation test's seed)
 
     @classmethod
     def load(cls, run: str | Path, *, trust_modified: bool = False, shift_window: int = 64,
@@ -84,7 +90,7 @@ class ClinicalPredictor:
         if "predict" not in task.capabilities:
             raise UserError(f"task '{config.task}' has no batch prediction: it cannot answer inputs")
         sealed = check_run(run, trust_modified)  # before anything the run wrote is used
-        finished = Run.load(run, device)
+        finished = Run.load(run, device, sealed=sealed)  # verified once, above
         adapter = json.loads((finished.path / "adapter.json").read_text())
         task.use_run_state(adapter["task_state"])
         return cls(finished.path, config, task, finished.model, adapter, sealed, shift_window=shift_window,
@@ -133,22 +139,29 @@ class ClinicalPredictor:
             "intended_use": intended.read_text() if intended.is_file() else None,
         }
 
-    def answer(self, folder: Path) -> list[dict[str, Any]]:
+    def window(self, caller: str = DEFAULT_CALLER) -> deque[np.ndarray]:
+        """``caller``'s rolling window: the last ``shift_window`` features answered for it."""
+        if caller not in self._windows:
+            self._windows[caller] = deque(maxlen=max(0, self.shift_window))
+        return self._windows[caller]
+
+    def answer(self, folder: Path, caller: str = DEFAULT_CALLER) -> list[dict[str, Any]]:
         """One JSON-able dict per row the task's ``predict_folder`` gives for ``folder`` (a record; a beat or a
         window where the task scores several per record): record, status, labels, calibrated probabilities,
-        conformal set, shift (of the batch with the window). Thread-safe."""
-        return self.predict(folder)[1]
+        conformal set, shift (of the batch with ``caller``'s window). Thread-safe."""
+        return self.predict(folder, caller)[1]
 
-    def predict(self, folder: Path) -> tuple[Predictions, list[dict[str, Any]], dict[str, Any]]:
+    def predict(self, folder: Path, caller: str = DEFAULT_CALLER) -> tuple[Predictions, list[dict[str, Any]],
+                                                                          dict[str, Any]]:  # fmt: skip
         """(the task's predictions with the calibrated columns added, `answer`'s dicts, the batch's facts:
-        shift and conformal kind). Thread-safe: one batch at a time."""
+        shift and conformal kind), with ``caller``'s state. Thread-safe: one batch at a time."""
         with self._lock:
             predictions, features = shift_alarm.model_features(
                 self.model, lambda: self.task.predict_folder(self.model, Path(folder), self.state))
-            return self._answers(predictions, features)
+            return self._answers(predictions, features, caller)
 
-    def _answers(self, predictions: Predictions, features: np.ndarray) -> tuple[Predictions, list[dict[str, Any]],
-                                                                               dict[str, Any]]:  # fmt: skip
+    def _answers(self, predictions: Predictions, features: np.ndarray,
+                 caller: str) -> tuple[Predictions, list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
         rows = predictions.rows
         classes = list(predictions.facts.get("classes") or self.state.get("classes") or [])
         ok = [i for i, row in enumerate(rows) if row.get("status", "ok") == "ok"]
@@ -156,15 +169,16 @@ class ClinicalPredictor:
                                                                                                       len(classes))
         if len(features) != len(ok):  # a task that scored items twice: no features to test
             features = np.zeros((0, 0), np.float32)
-        shift = self._shift(features)
+        window = self.window(caller)
+        shift = self._shift(features, window, self._batches.get(caller, 0))
         calibrated = probabilities
         sets, kind = None, None
         if self.summary is not None and len(ok):
             calibrated = calibration.apply_temperature(probabilities, self.temperatures, self.multilabel)
-            sets, kind = self._sets(calibrated, features)
+            sets, kind = self._sets(calibrated, features, window)
         if len(features):
-            self.window.extend(features)
-        self._batches += 1
+            window.extend(features)
+        self._batches[caller] = self._batches.get(caller, 0) + 1
         answers, columns = [], list(predictions.columns)
         if self.summary is not None:
             columns += [f"calibrated_p_{c}" for c in classes] + ["conformal_set"]
@@ -202,27 +216,29 @@ class ClinicalPredictor:
         the class's set)."""
         return [c for k, c in enumerate(classes) if (chosen[k, 1] if self.multilabel else chosen[k])]
 
-    def _shift(self, features: np.ndarray) -> dict[str, Any] | None:
-        """The alarm's verdict on the batch with the window (None without a reference)."""
+    def _shift(self, features: np.ndarray, window: deque[np.ndarray], batches: int) -> dict[str, Any] | None:
+        """The alarm's verdict on the batch with the caller's window, seeded by the caller's count of ``batches``
+        (None without a reference)."""
         if self.reference is None:
             return None
-        tested = self._incoming(features)
+        tested = self._incoming(features, window)
         if tested.shape[0] and tested.shape[1] != self.reference.shape[1]:
             raise UserError(f"{self.path}: the model's features have {tested.shape[1]} values, the run's reference "
                             f"{self.reference.shape[1]}: the run's {fit.CLINICAL_NPZ} is not this model's")  # fmt: skip
-        result = shift_alarm.mmd_test(self.reference, tested, seed=self._batches)
+        result = shift_alarm.mmd_test(self.reference, tested, seed=batches)
         return {"statistic": result["statistic"], "p_value": result["p_value"], "verdict": result["verdict"],
                 "window": int(len(tested)), "batch": int(len(features))}  # fmt: skip
 
-    def _incoming(self, features: np.ndarray) -> np.ndarray:
+    def _incoming(self, features: np.ndarray, window: deque[np.ndarray]) -> np.ndarray:
         """The batch's features followed by the window's (n, d)."""
-        parts = [f for f in (features, np.array(self.window)) if len(f)]
+        parts = [f for f in (features, np.array(window)) if len(f)]
         return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
 
-    def _sets(self, calibrated: np.ndarray, features: np.ndarray) -> tuple[np.ndarray, str]:
-        """The conformal sets of the batch and their kind: weighted when the incoming items allow, else split."""
+    def _sets(self, calibrated: np.ndarray, features: np.ndarray, window: deque[np.ndarray]) -> tuple[np.ndarray, str]:
+        """The conformal sets of the batch and their kind: weighted when the incoming items (the batch and the
+        caller's window) allow, else split."""
         scores, alpha = self.calibration_scores, fit.ALPHA
-        incoming = self._incoming(features)
+        incoming = self._incoming(features, window)
         if len(features) and min(len(incoming), len(self.calibration_features)) >= MIN_WEIGHTED:
             estimator = conformal.density_ratio_estimator(self.density_ratio, seed=0)
             w_cal, w_in = conformal.density_ratio_weights(self.calibration_features, incoming, estimator)

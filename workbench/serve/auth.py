@@ -1,11 +1,12 @@
 """Who may call the served model: bearer tokens, each with the caller id the audit log records.
 
 Tokens come from a file (``--token-file``) or, without one, from the environment variable `TOKENS_VARIABLE`; both
-hold ``caller_id token`` pairs, one per line (``;`` also separates pairs in the variable; ``#`` starts a comment).
+hold ``caller_id token`` pairs, one per line (``;`` also separates pairs in the variable; a ``#`` at the start of a
+line or after a space starts a comment; a token containing ``#`` is refused, as one that is not printable ASCII).
 A token has at least `MIN_TOKEN_CHARS` characters (``python -c "import secrets; print(secrets.token_urlsafe())"``
 makes one); caller ids and tokens are unique. A request names its token as ``Authorization: Bearer <token>``; it is
 compared with every known token by `hmac.compare_digest` (no early exit, so the time taken does not tell how much of
-a guess was right).
+a guess was right). A header that is not ASCII names no known token.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Tokens:
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
+        if not token.isascii():  # every known token is ASCII
+            return None
         given = token.strip().encode()
         found = None
         for caller, known in self._pairs:
@@ -60,7 +63,7 @@ def parse_tokens(text: str, where: str) -> Tokens:
     """
     pairs: list[tuple[str, str]] = []
     for number, raw in enumerate(re.split(r"[\n;]", text), start=1):
-        line = raw.split("#", 1)[0].strip()
+        line = re.split(r"(?:^|\s)#", raw, maxsplit=1)[0].strip()
         if not line:
             continue
         words = line.split()
@@ -70,6 +73,10 @@ def parse_tokens(text: str, where: str) -> Tokens:
         caller, token = words
         if not _CALLER.match(caller):
             raise UserError(f"{where}: entry {number}: caller id {caller!r}: expected 1-64 letters, digits or ._@-")
+        if not (token.isascii() and token.isprintable()) or "#" in token:
+            raise UserError(f"{where}: entry {number} ({caller}): the token has a character other than printable ASCII "
+                            "without '#' (a header can carry only those, and '#' may be taken for a comment); make "
+                            "one with: python -c \"import secrets; print(secrets.token_urlsafe())\"")  # fmt: skip
         if len(token) < MIN_TOKEN_CHARS:
             raise UserError(f"{where}: entry {number} ({caller}): token of {len(token)} characters, expected at least "
                             f"{MIN_TOKEN_CHARS}; make one with: python -c \"import secrets; "

@@ -107,6 +107,8 @@ def intake_files(intake: Path, relative: object) -> list[Path]:
     """
     if not isinstance(relative, str) or not relative.strip():
         raise Refused(400, "JSON body: field 'path': expected a path relative to the intake folder")
+    if "\x00" in relative:
+        raise Refused(400, f"path {relative!r}: a NUL character; expected a path relative to the intake folder")
     path = Path(relative)
     if path.is_absolute() or ".." in path.parts:
         raise Refused(400, f"path {relative!r}: expected a path relative to the intake folder, without '..'")
