@@ -35,8 +35,8 @@ paper; self-training an untrained model can lock the target onto one class). Bef
 pseudo-label term is not computed at all. ``mixed-filters`` is the same encoder trained on the source
 loss alone (the no-alignment ablation).
 
-Named variants (`VARIANTS`; compared as ``homophily:released`` / ``homophily:delayed``, their options
-from `variant_options`):
+Named variants (`VARIANTS`, the class's ``variants``: ``workbench adapt --method homophily:delayed``, compared as
+``homophily:released`` / ``homophily:delayed``; `workbench.core.config.variant_options`):
 
 - ``released``: the authors' released pseudo-label recipe (``HGDA_MAG.py``), the options' defaults:
   argmax pseudo-labels ŷ_T of the current model on *every* target node from epoch 0, when the model is
@@ -92,16 +92,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "released": {"pseudo_warmup": 0.0, "pseudo_threshold": 0.0},
     "delayed": {"pseudo_warmup": 0.5, "pseudo_threshold": 0.9},
 }
-
-
-def variant_options(label: str) -> dict[str, Any]:
-    """The method options of a compared entry ``homophily:NAME`` (a copy of ``VARIANTS[NAME]``), for
-    `workbench.comparison.design.CompareSpec.method_options`; a `UserError` naming the variants there are."""
-    method, _, name = label.partition(":")
-    if method != HomophilyAlignment.name or name not in VARIANTS:
-        known = ", ".join(f"homophily:{variant}" for variant in VARIANTS)
-        raise UserError(f"{label!r} is not a homophily variant (known: {known})")
-    return dict(VARIANTS[name])
 
 
 def kl_rows(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

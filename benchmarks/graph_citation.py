@@ -29,10 +29,10 @@ import sys
 from pathlib import Path
 
 from claims import Benchmark, run
-from workbench.adaptation.homophily import variant_options
 
 from workbench.comparison.design import CompareSpec
 from workbench.comparison.report import Claim
+from workbench.core.config import variant_options
 
 REAL = Path(__file__).resolve().parents[1] / "tests" / "data" / "real" / "graphs"
 ENTRIES = ("full@gcn", "homophily:released", "homophily:delayed", "mixed-filters")

@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 
 from claims import Benchmark, run
-from workbench.adaptation.homophily import variant_options
 
 from workbench.comparison.design import CompareSpec
 from workbench.comparison.report import Claim
+from workbench.core.config import variant_options
 
 ENTRIES = ("mixed-filters", "homophily:released", "homophily:delayed", "full@gcn")
 VARIANTS = ("homophily:released", "homophily:delayed")

@@ -8,12 +8,15 @@ import math
 import pytest
 import torch
 from torch import nn
-from workbench.adaptation.homophily import VARIANTS, HomophilyAlignment, variant_options
+from workbench.adaptation.homophily import VARIANTS, HomophilyAlignment
 from workbench.domains.graphs.graph import class_entropy, homophily, make_graph
 from workbench.domains.graphs.task import COLLAPSE_PENALTY, CSBMTask, PairSample, collapse_diagnostics, collapsed
 
 import workbench as wb
+from workbench.cli.compare import _compare_spec
+from workbench.cli.parser import parse
 from workbench.comparison.design import CompareSpec, entry_of
+from workbench.core.config import RunRequest, resolve_config, variant_options
 from workbench.core.errors import UserError
 from workbench.core.registry import methods
 from workbench.core.trainer import Trainer, TrainSettings
@@ -32,9 +35,26 @@ def test_variant_names_resolve_to_their_options():
     assert HomophilyAlignment.variants is VARIANTS and set(VARIANTS) == {"released", "delayed"}
     labels = ("homophily:released", "homophily:delayed", "mixed-filters", "full@gcn")
     CompareSpec("csbm", labels, method_options={label: variant_options(label) for label in labels[:2]}).check()
-    for wrong in ("homophily:paper", "mixed-filters:delayed"):
-        with pytest.raises(UserError, match="not a homophily variant"):
+    for wrong, known in (("homophily:paper", "homophily:released, homophily:delayed"), ("mixed-filters:delayed",
+                                                                                         "none")):  # fmt: skip
+        with pytest.raises(UserError, match=f"declares no variant .*its variants: {known}"):
             variant_options(wrong)
+
+
+def test_adapt_and_compare_resolve_a_declared_variant_and_options_given_win():
+    config, _ = resolve_config(RunRequest(domain="csbm", method="homophily:delayed", out="-"))
+    assert config.method == "homophily" and config.method_options["pseudo_warmup"] == 0.5
+    assert config.method_options["pseudo_threshold"] == 0.9
+    config, _ = resolve_config(RunRequest(domain="csbm", method="homophily:delayed", out="-",
+                                          method_options={"pseudo_threshold": 0.7}))  # fmt: skip
+    assert (config.method_options["pseudo_warmup"], config.method_options["pseudo_threshold"]) == (0.5, 0.7)
+    with pytest.raises(UserError, match="--method homophily:late: .*declares no variant 'late'"):
+        resolve_config(RunRequest(domain="csbm", method="homophily:late", out="-"))
+    adapt = parse(["adapt", "--domain", "csbm", "--method", "homophily:delayed", "--pseudo-threshold", "0.8"])
+    assert adapt.method == "homophily:delayed" and adapt.opt_pseudo_threshold == 0.8  # its options are offered
+    spec = _compare_spec(parse(["compare", "--domain", "csbm", "--methods", "homophily:delayed,homophily",
+                                "--set", "homophily:delayed.pseudo_threshold=0.8"]))  # fmt: skip
+    assert spec.method_options == {"homophily:delayed": {"pseudo_warmup": 0.5, "pseudo_threshold": 0.8}}
 
 
 # -- delayed pseudo-labels -------------------------------------------------------------------------

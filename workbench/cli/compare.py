@@ -11,7 +11,15 @@ import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
-from workbench.cli.flags import _add_plugin_options, _add_settings, _domain_help, _given_options, _width, _with_default
+from workbench.cli.flags import (
+    _add_plugin_options,
+    _add_seal_key,
+    _add_settings,
+    _domain_help,
+    _given_options,
+    _width,
+    _with_default,
+)
 
 #: ``compare --help``'s examples (placeholders: TASK, methods A, B, C; each parses, tests/test_compare_defaults.py).
 COMPARE_EXAMPLES = """examples:
@@ -81,6 +89,7 @@ def _add_compare_command(commands: Any, chosen: dict[str, list[str]] | None) -> 
                        help="every cell reads, loads, prepares and scores its base model itself instead of once per "
                        "seed or (fold, seed) and worker: the same numbers, slower (a check)")  # fmt: skip
     flags.add_argument("--side-by-side", action="store_true", help=argparse.SUPPRESS)  # deprecated in 0.2
+    _add_seal_key(flags)
     flags.add_argument("--quiet", action="store_true", help="no design, progress bar or table (warnings stay)")
     _add_settings(compare.add_argument_group("run options (every cell's, as workbench adapt takes them)"), "compare")
     _add_planning_flags(compare)
@@ -128,6 +137,7 @@ def _seeds_text(seeds: Sequence[int]) -> str:
 def _compare_spec(args: argparse.Namespace) -> Any:
     """The `workbench.comparison.design.CompareSpec` of a ``compare`` command line."""
     from workbench.comparison.design import CompareSpec, entry_of
+    from workbench.core.config import variant_options
     from workbench.core.errors import UserError
     from workbench.core.options import renamed
     from workbench.core.registry import methods, tasks
@@ -162,6 +172,10 @@ def _compare_spec(args: argparse.Namespace) -> Any:
         kind = declared[name].type
         method_options.setdefault(label, {})[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(
             value)  # fmt: skip
+    for label in method_names:  # a variant the method declares: its options, under what --set gives
+        entry = entry_of(label)
+        if entry.variant is not None and entry.variant in methods.get(entry.method).variants:
+            method_options[label] = {**variant_options(label), **method_options.get(label, {})}
     task_cls = tasks.get(args.domain)
     options = _given_options(args, {"task": (args.domain, task_cls.options)})["task"]
     return CompareSpec(

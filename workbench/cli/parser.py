@@ -59,7 +59,7 @@ def _chosen_plugins(argv: Sequence[str]) -> dict[str, list[str]]:
         if domain is None:
             return {}
         task_cls = _named(tasks, domain, "--domain")
-        method = _flag_value(argv, "--method") or task_cls.default_method
+        method = (_flag_value(argv, "--method") or task_cls.default_method).split(":")[0]  # METHOD[:VARIANT]
         _check_method_name(task_cls, method)
         return {"task": [domain], "method": [method]}
     if argv[:1] == ["compare"]:
@@ -166,6 +166,9 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
         epilog=examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from workbench import __version__
+
+    parser.add_argument("--version", action="version", version=f"workbench {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_list_command(commands)
     _add_adapt_command(commands, chosen, examples)

@@ -127,16 +127,18 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
     domain = request.domain
     task_cls = tasks.get(domain)
     method = request.method or task_cls.default_method
-    if _entry(method, "--method").model is not None:
+    entry = _entry(method, "--method")
+    if entry.model is not None:
         raise UserError(f"--method {method}: choose the model with --model; METHOD@MODEL is for --baselines")
-    method_cls = methods.get(method)
+    variant = {} if entry.variant is None else variant_options(method, "--method")
+    method, method_cls = entry.method, methods.get(entry.method)
     if request.recipe:
         defaults = {s.name: s.default for s in SETTINGS if s.factory is None}
         request = recipe.apply(request, domain, method, defaults, methods)
     profile = task_cls.profile(method)
     baselines, warnings = _baselines(request, task_cls, profile, method)
     task_options = {**profile.get("options", {}), **dict(request.task_options)}
-    method_options = {**profile.get("method_options", {}), **dict(request.method_options)}
+    method_options = {**profile.get("method_options", {}), **variant, **dict(request.method_options)}
     learning_rate = task_cls.defaults.get("learning_rate") if request.learning_rate is None else request.learning_rate
     precision = task_cls.precisions[0] if request.precision == "auto" else request.precision
     values = {
@@ -158,6 +160,19 @@ def resolve_config(request: RunRequest, now: datetime | None = None) -> tuple[Ru
     out = request.out or f"runs/{domain}-{method}-{(now or datetime.now()).strftime('%Y%m%d-%H%M%S')}"
     values.update(out=str(out), device=resolve_name(request.device), split=_split(request.split, task_cls))
     return RunConfig(**{setting.stored_name: values[setting.name] for setting in SETTINGS}), warnings
+
+
+def variant_options(label: str, flag: str = "--methods") -> dict[str, Any]:
+    """The options a method declares for the variant ``label`` names (``METHOD:VARIANT``;
+    `workbench.core.method.Method.variants`), a copy; a `UserError` naming ``flag`` and the variants there are when
+    the method declares none of that name."""
+    entry = _entry(label, flag)
+    method_cls = methods.get(entry.method)
+    if entry.variant not in method_cls.variants:
+        known = ", ".join(f"{method_cls.name}:{name}" for name in method_cls.variants) or "none"
+        raise UserError(f"{flag} {label}: method '{method_cls.name}' declares no variant '{entry.variant}' (its "
+                        f"variants: {known}; compare can name its own with --set)")  # fmt: skip
+    return dict(method_cls.variants[entry.variant])
 
 
 def _entry(text: str, flag: str) -> MethodEntry:

@@ -128,6 +128,9 @@ class Method:
     needs_task: ClassVar[tuple[Any, ...]] = ()
     #: Its authors' recipes by name (`workbench.core.recipe.Recipe`; ``--recipe METHOD:NAME``).
     recipes: ClassVar[Mapping[str, Any]] = {}
+    #: Named option sets by name (``--method METHOD:VARIANT``, ``compare --methods METHOD:VARIANT``: the method with
+    #: these options; options the user gives win). The docstring says which are the authors' and which the project's.
+    variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
 
     def __init__(self, **options: Any):
         self.config = resolve_options(f"method '{self.name}'", self.options, options)
