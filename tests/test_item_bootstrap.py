@@ -226,11 +226,13 @@ def test_the_table_shows_intervals_the_test_size_and_a_caution_when_the_best_bas
     assert lines[0] == "ptbxl: test split (18 records from 12 patients; trained on 34)"
     assert any(line.startswith("lora (task's default method)  0.70 [0.60, 0.80]") for line in lines)
     assert any(line.startswith("full") and " 0.75 " in line and "[" not in line for line in lines)  # no interval
-    assert lines[-1].startswith("lora − full (the best baseline) in auc: -0.050, 95 % interval [-0.150, +0.040] over "
-                                "18 records from 12 patients holds 0")  # fmt: skip
-    assert lines[-1].endswith("`workbench compare --domain ptbxl --methods lora,full` can")
+    said = " ".join(lines[-3:-1])
+    assert said.startswith("lora and full (the best baseline) cannot be told apart in auc (higher is better): lora − "
+                           "full = -0.050, 95 % interval [-0.150, +0.040] over 18 records from 12 patients")
+    assert lines[-1] == "  `workbench compare --domain ptbxl --methods lora,full --seeds 200-202`"
     told_apart = report.table(_metrics(-0.15, -0.01), ("auc",), default_method="htuning")
-    assert "holds 0" not in told_apart and "lora (this run's method)" in told_apart
+    assert "cannot be told apart" not in told_apart and "lora (this run's method)" in told_apart
+    assert "lora is worse than full (the best baseline)" in told_apart
     assert "lora − readout" not in text  # only the best baseline is compared
 
 
@@ -246,7 +248,7 @@ def test_report_md_has_the_paired_differences_and_the_caution():
     assert "## Paired differences" in text
     assert "| lora − full | -0.050 [-0.150, +0.040] |" in text
     assert "| after − before | +0.100 [+0.010, +0.200] |" in text
-    assert "**lora − full (the best baseline) in auc" in text
+    assert "**lora and full (the best baseline) cannot be told apart in auc" in text
 
 
 # ---------------------------------------------------------------------------------------------------------- a run

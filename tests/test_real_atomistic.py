@@ -45,7 +45,7 @@ def test_sgdml_npz_read_in_kcal_per_mol():
         np.testing.assert_allclose(data.frames[7].energy_ev, raw["E"][7, 0] * EV_PER_KCAL_PER_MOL)
         np.testing.assert_allclose(data.frames[7].forces_ev_per_a, raw["F"][7] * EV_PER_KCAL_PER_MOL)
         np.testing.assert_array_equal(data.frames[7].positions_a, raw["R"][7])
-    assert len(data.train_indices) + len(data.test_indices) == 300
+    assert len(data.train_indices) + len(data.test_indices) == 300 - 20  # in time blocks: a 20-frame purge
 
 
 def test_sgdml_units_and_metadata_from_the_file(tmp_path):
@@ -150,10 +150,10 @@ def test_short_adapt_and_evaluate_on_the_real_sgdml_npz(tmp_path, capsys):
     assert metrics["skipped_records"] == {"skipped": 0, "seen": 300, "records": []}
     assert metrics["data_summary"]["frames"] == {"train": 8, "val": 4, "test": 150}
     capsys.readouterr()
-    assert run(["evaluate", "--run", str(out), "--data", str(NPZ)]) == 0
+    assert run(["evaluate", "--run", str(out), "--data", str(NPZ), "--out", str(tmp_path / "evaluations")]) == 0
     printed = capsys.readouterr().out
     assert "forces_mae_mev_per_a" in printed
-    evaluation = json.loads((out / "evaluations" / f"{NPZ.stem}.json").read_text())
+    evaluation = json.loads((tmp_path / "evaluations" / f"{out.name}-{NPZ.stem}.json").read_text())  # outside the run
     assert evaluation["test_samples"] == 150 and evaluation["metrics"]["forces_mae_mev_per_a"] > 0
 
 

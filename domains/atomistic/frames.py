@@ -38,6 +38,9 @@ class Frame:
     positions_a: np.ndarray
     energy_ev: float | None = None
     forces_ev_per_a: np.ndarray | None = None
+    #: (field, value) of the frame's place in time where the file gives one (``time`` or ``step``: what orders a
+    #: trajectory's frames, `workbench.domains.atomistic.trajectory`); None where it gives none.
+    time: tuple[str, float] | None = None
 
 
 def check_elements(frames: Sequence[Frame], known: Sequence[int], source: str) -> None:

@@ -31,12 +31,12 @@ from typing import Any, Mapping
 
 import numpy as np
 from workbench.domains.atomistic.frames import Frame
+from workbench.domains.atomistic.trajectory import TIME_FIELDS, FrameSplit, split_frames, time_order
+from workbench.domains.atomistic.unit_checks import check_units, resolve_energy_unit
 from workbench.domains.atomistic.units import (
     ANGSTROM_PER_LENGTH_UNIT,
     EV_PER_ENERGY_UNIT,
     EV_PER_KCAL_PER_MOL,
-    PLAUSIBLE_FORCE_RMS_EV_PER_A,
-    energy_unit,
     length_unit,
 )
 
@@ -70,6 +70,9 @@ class LabelledSet:
     #: Validation frames a fold chose (`workbench.domains.atomistic.task.Rmd17.hold_out`); None: validation frames
     #: are drawn from ``train_indices``.
     val_indices: np.ndarray | None = None
+    #: How the train/test split was made, as ``metrics.json``'s ``data_summary.split`` records it (the publisher's
+    #: files, blocks with their size and purge, random with its seed; `workbench.domains.atomistic.trajectory`).
+    split: dict[str, Any] = field(default_factory=dict)
 
 
 class BadFrames:
@@ -159,94 +162,6 @@ def _text(value: np.ndarray) -> str:
     return item.decode(errors="replace") if isinstance(item, bytes) else str(item)
 
 
-# -- units ---------------------------------------------------------------------------------------------------------
-def resolve_energy_unit(
-    path: Path, field_name: str, in_file: str | None, given: str, default: str, why: str
-) -> tuple[str, str, bool]:
-    """(unit, where it came from, whether the user chose it) of a file's energies.
-
-    The user's ``--units`` wins (with a warning when the file says otherwise); then the file's own statement; then
-    the format's convention ``default`` (``why`` says whose).
-    """
-    stated = energy_unit(in_file, f"{path}: field '{field_name}'") if in_file else None
-    if given and given != "auto":
-        unit = energy_unit(given, "--units")
-        if stated and stated != unit:
-            log.warning(
-                "%s: the file says its energies are in %s; reading them in %s as --units says", path, stated, unit
-            )
-        return unit, "from --units", True
-    if stated:
-        return stated, f"from the file's field '{field_name}'", False
-    return default, why, False
-
-
-def check_units(frames: list[Frame], path: Path, fields: tuple[str, str], unit: str, origin: str, chosen: bool) -> None:
-    """Refuse labels whose unit looks wrong (``chosen``: the user gave ``--units``, so only warn).
-
-    Two checks on the converted frames: the RMS force component must lie in `PLAUSIBLE_FORCE_RMS_EV_PER_A`; and where
-    consecutive frames are close (every atom within 0.05 Å), the energy change must match the trapezoid estimate of
-    the forces' work, ``ΔE ≈ -½ Σ (F_i + F_j)·(R_j - R_i)`` (least-squares ratio within 0.5 to 2).
-    """
-    e_field, f_field = fields
-    forces = np.concatenate([f.forces_ev_per_a.reshape(-1) for f in frames])
-    rms = float(np.sqrt(np.mean(forces**2)))
-    low, high = PLAUSIBLE_FORCE_RMS_EV_PER_A
-    problem = None
-    if rms > high or 0 < rms < low:
-        guess = _guess(rms / EV_PER_ENERGY_UNIT[unit], 1.0)
-        problem = (
-            f"{path}: field '{f_field}': forces read in {unit}/Å ({origin}) have an RMS component of {rms:.3g} eV/Å; "
-            f"molecules show about {low:g} to {high:g} eV/Å. The numbers look like {guess}/Å: give --units {guess}"
-        )
-    ratio = _energy_force_ratio(frames)
-    if problem is None and ratio is not None and not 0.5 < ratio < 2.0:
-        problem = (
-            f"{path}: field '{e_field}': energy changes between neighbouring frames are {ratio:.3g} times the work of "
-            f"the forces (field '{f_field}', read in {unit}/Å, {origin}); "
-        )
-        if 0 < ratio < np.inf:
-            guess = _guess(EV_PER_ENERGY_UNIT[unit] / ratio, 1.0, per_unit=True)
-            problem += f"the energies look like {guess} while the forces are in {unit}/Å: convert one of them"
-        else:
-            problem += (
-                "expected about 1: the energies do not follow the forces (check that both fields belong together)"
-            )
-    if problem is None:
-        return
-    if chosen:
-        log.warning("%s (kept: --units given)", problem)
-        return
-    raise UserError(f"{problem} (or --units {unit} if {unit} is right)")
-
-
-def _guess(value: float, target: float, per_unit: bool = False) -> str:
-    """The energy unit in which raw numbers of size ``value`` come closest to ``target`` eV (``per_unit``: the unit
-    closest to being worth ``value`` eV)."""
-    if per_unit:
-        scores = {u: abs(np.log(ev / value)) for u, ev in EV_PER_ENERGY_UNIT.items()}
-    else:
-        scores = {u: abs(np.log(value * ev / target)) for u, ev in EV_PER_ENERGY_UNIT.items()}
-    return min(scores, key=scores.get)
-
-
-def _energy_force_ratio(frames: list[Frame], max_step_a: float = 0.05, min_pairs: int = 5) -> float | None:
-    """Least-squares ratio of ΔE to the trapezoid work estimate over close consecutive frames, or None (too few)."""
-    de, work = [], []
-    for a, b in zip(frames[:-1], frames[1:]):
-        if len(a.atomic_numbers) != len(b.atomic_numbers) or (a.atomic_numbers != b.atomic_numbers).any():
-            continue
-        step = b.positions_a - a.positions_a
-        if np.abs(step).max() >= max_step_a:
-            continue
-        de.append(b.energy_ev - a.energy_ev)
-        work.append(-0.5 * float(((a.forces_ev_per_a + b.forces_ev_per_a) * step).sum()))
-    de, work = np.array(de), np.array(work)
-    if len(de) < min_pairs or not (work**2).sum() > 0:
-        return None
-    return float((de * work).sum() / (work**2).sum())
-
-
 # -- rMD17 ---------------------------------------------------------------------------------------------------------
 def find_rmd17_npz(path: str | Path, molecule: str) -> Path:
     """The npz of ``molecule`` given the npz itself, the ``npz_data`` folder or the rMD17 root."""
@@ -266,7 +181,8 @@ def find_rmd17_npz(path: str | Path, molecule: str) -> Path:
 
 
 def read_rmd17(
-    path: str | Path, molecule: str = "ethanol", split: int = 1, card: str = "rmd17", bad: BadFrames | None = None
+    path: str | Path, molecule: str = "ethanol", split: int = 1, card: str = "rmd17", bad: BadFrames | None = None,
+    frame_split: FrameSplit | None = None,
 ) -> LabelledSet:
     """Read one rMD17 molecule and its official split, converting to eV and eV/Å.
 
@@ -276,6 +192,8 @@ def read_rmd17(
         split: which ``index_{train,test}_0<split>.csv`` pair to use (rMD17 ships 1 to 5).
         card: the data card the file is checked against.
         bad: where bad frames go (default: raised); their indices leave the split.
+        frame_split: how to split an npz without rMD17's ``splits/`` folder beside its ``npz_data/`` (a trajectory in
+            the file's order; default: blocks, `workbench.domains.atomistic.trajectory`).
     """
     bad = bad or BadFrames()
     npz_path = find_rmd17_npz(path, molecule)
@@ -298,6 +216,10 @@ def read_rmd17(
         frames.append(Frame(numbers, positions, float(energies_ev[i]), forces_ev_per_a[i]))
     _require_frames(frames, npz_path)
     splits_dir = npz_path.parent.parent / "splits"
+    isolated = dict(data_card.content.get("isolated_atom_energies_ev", {}))
+    notes = ("energy unit kcal/mol (rMD17 as published)",)
+    if not splits_dir.is_dir():
+        return _no_split(frames, npz_path, notes, frame_split, isolated_atom_energies_ev=isolated)
     train = _read_split(splits_dir / f"index_train_{split:02d}.csv", sizes["n_frames"])
     test = _read_split(splits_dir / f"index_test_{split:02d}.csv", sizes["n_frames"])
     overlap = np.intersect1d(train, test)
@@ -313,8 +235,9 @@ def read_rmd17(
         np.array([kept[i] for i in train if i in kept], dtype=np.int64),
         np.array([kept[i] for i in test if i in kept], dtype=np.int64),
         source=str(npz_path),
-        isolated_atom_energies_ev=dict(data_card.content.get("isolated_atom_energies_ev", {})),
-        notes=("energy unit kcal/mol (rMD17 as published)",),
+        isolated_atom_energies_ev=isolated,
+        notes=notes,
+        split={"kind": "the publisher's", "files": [f"index_{part}_{split:02d}.csv" for part in ("train", "test")]},
     )
 
 
@@ -340,8 +263,11 @@ def is_sgdml(arrays: Mapping[str, np.ndarray]) -> bool:
     return {"R", "z", "F"} <= set(arrays)
 
 
-def read_sgdml(path: str | Path, units: str = "", seed: int = 0, bad: BadFrames | None = None) -> LabelledSet:
-    """Read an sGDML dataset npz (MD17, MD22, ...) into eV, Å and eV/Å, split at random in half (seeded).
+def read_sgdml(
+    path: str | Path, units: str = "", seed: int = 0, bad: BadFrames | None = None, split: FrameSplit | None = None
+) -> LabelledSet:
+    """Read an sGDML dataset npz (MD17, MD22, ...) into eV, Å and eV/Å: one trajectory in the file's order, split as
+    ``split`` says (default: contiguous blocks with a purge gap; ``seed`` for a random split when none is given).
 
     Shapes in the file: ``R`` (n_frames, n_atoms, 3) [``r_unit``, default Å], ``E`` (n_frames,) or (n_frames, 1)
     [``e_unit``, default kcal/mol: sGDML's published datasets], ``F`` (n_frames, n_atoms, 3) [e_unit/r_unit],
@@ -384,22 +310,20 @@ def read_sgdml(path: str | Path, units: str = "", seed: int = 0, bad: BadFrames 
     described = ", ".join(f"{key} {_text(arrays[key])!r}" for key in ("name", "theory") if key in arrays)
     notes = (f"sGDML dataset{f' ({described})' if described else ''}", f"energy unit {unit} ({origin})",
              f"length unit {r_unit}")  # fmt: skip
-    return _split_in_half(frames, path, seed, notes)
+    return _no_split(frames, path, notes, split or FrameSplit(seed=seed))
 
 
-def _split_in_half(frames: list[Frame], path: Path, seed: int, notes: tuple[str, ...]) -> LabelledSet:
-    if len(frames) < 4:
-        raise UserError(f"{path}: {len(frames)} usable frames are too few to split into train and test")
-    order = np.random.default_rng(seed).permutation(len(frames))
-    half = len(frames) // 2
-    log.warning(
-        "%s has no split: %d frames for training and %d for testing, at random (seed %d)",
-        path,
-        half,
-        len(frames) - half,
-        seed,
-    )
-    return LabelledSet(frames, np.sort(order[:half]), np.sort(order[half:]), str(path), notes=notes)
+def _no_split(
+    frames: list[Frame], path: Path, notes: tuple[str, ...], how: FrameSplit | None, timed: bool = True,
+    **fields: Any,
+) -> LabelledSet:  # fmt: skip
+    """``frames`` of a file without a split, split as ``how`` says (default: ``auto``): ``timed``, a trajectory in
+    the file's order; else time-ordered by the frames' time field where every frame has one, else not time-ordered
+    (`workbench.domains.atomistic.trajectory.split_frames`)."""
+    found = (np.arange(len(frames)), "the file's frame order") if timed else time_order([f.time for f in frames])
+    order, ordered_by = found or (None, "the file's frame order")
+    train, test, record = split_frames(len(frames), path, how or FrameSplit(), order, ordered_by)
+    return LabelledSet(frames, train, test, str(path), notes=notes, split=record, **fields)
 
 
 # -- files ase reads -----------------------------------------------------------------------------------------------
@@ -437,9 +361,13 @@ def _check_db_arrays(path: Path) -> None:
     more elements than the cell has bytes: ase allocates the declared shape before filling it."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            connection.text_factory = bytes  # text cells as stored: a damaged one is never decoded here
             rows = connection.execute("SELECT * FROM systems").fetchall()
     except sqlite3.Error:
         return  # not a database ase reads: ase says what is wrong
+    except UnicodeDecodeError as error:  # sqlite3 decodes the schema's text (and its own messages) as UTF-8
+        raise UserError(f"{path}: not a readable ase database (its schema holds bytes that are not UTF-8: "
+                        f"{error.reason} at byte {error.start}); expected a database written by ase.db") from None
     for row in rows:
         for cell in row:
             data = cell.encode(errors="replace") if isinstance(cell, str) else cell
@@ -549,13 +477,22 @@ def read_ase(
             continue
         energy, forces = labels[0] * to_ev, labels[1] * (to_ev / to_a)
         used[(e_from, f_from)] += 1
-        frames.append(Frame(atoms.get_atomic_numbers(), positions, energy, forces))
+        frames.append(Frame(atoms.get_atomic_numbers(), positions, energy, forces, _time_of(atoms, extras)))
     if not frames:
         raise UserError(f"{path}: no frame with an energy and forces ({_looked(energy_key, forces_key)}); "
                         "name the labels with --energy-key / --forces-key")  # fmt: skip
     check_units(frames, path, (energy_key or "energy", forces_key or "forces"), unit, origin, chosen)
     labels = "; ".join(f"energy from {e}, forces from {f} ({n} frames)" for (e, f), n in used.items())
     return frames, (f"labels: {labels}", f"energy unit {unit} ({origin})")
+
+
+def _time_of(atoms, extras: Mapping[str, Mapping[str, Any]]) -> tuple[str, float] | None:
+    """(field, value) of the first `TIME_FIELDS` field the frame's ``info`` or its database row holds as a number."""
+    for table in (atoms.info, *extras.values()):
+        for name in TIME_FIELDS:
+            if isinstance(table.get(name), (int, float, np.integer, np.floating)) and not isinstance(table[name], bool):
+                return name, float(table[name])
+    return None
 
 
 def _looked(energy_key: str, forces_key: str) -> str:
@@ -585,9 +522,11 @@ def frame_from_atoms(atoms, path: str | Path, index: int) -> Frame:
 
 def read_ase_set(
     path: str | Path, seed: int = 0, energy_key: str = "", forces_key: str = "", units: str = "",
-    bad: BadFrames | None = None,
+    bad: BadFrames | None = None, split: FrameSplit | None = None,
 ) -> LabelledSet:  # fmt: skip
-    """A folder with MACE's ``train.xyz`` + ``test.xyz``, or one file ase reads split at random in half (seeded)."""
+    """A folder with MACE's ``train.xyz`` + ``test.xyz``, or one file ase reads, split as ``split`` says (default:
+    blocks with a purge gap where the frames have a time or step field, else at random in half, seeded with
+    ``seed``; `workbench.domains.atomistic.trajectory`)."""
     path = Path(path)
     keys = dict(energy_key=energy_key, forces_key=forces_key, units=units, bad=bad)
     if path.is_dir():
@@ -596,7 +535,8 @@ def read_ase_set(
             raise UserError(f"{path}: expected train.xyz and test.xyz in this folder (or give one file)")
         (train, notes), (test, _) = read_ase(train_file, **keys), read_ase(test_file, **keys)
         return LabelledSet(
-            train + test, np.arange(len(train)), np.arange(len(train), len(train) + len(test)), str(path), notes=notes
+            train + test, np.arange(len(train)), np.arange(len(train), len(train) + len(test)), str(path), notes=notes,
+            split={"kind": "the folder's", "files": ["train.xyz", "test.xyz"]},
         )
     frames, notes = read_ase(path, **keys)
-    return _split_in_half(frames, path, seed, notes)
+    return _no_split(frames, path, notes, split or FrameSplit(seed=seed), timed=False)

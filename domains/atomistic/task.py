@@ -58,6 +58,7 @@ from workbench.domains.atomistic.readers import (
     read_rmd17,
     read_sgdml,
 )
+from workbench.domains.atomistic.trajectory import FRAME_SPLITS, FrameSplit, frames_beyond_gap
 from workbench.domains.atomistic.units import EV_PER_ENERGY_UNIT
 from workbench.models.potentials import atomic_numbers_of, set_atomic_energies
 
@@ -131,19 +132,6 @@ def read_e0s_file(path: str | Path, needed: Sequence[int]) -> dict[int, float]:
     return e0s
 
 
-def frames_beyond_gap(n_frames: int, test: np.ndarray, gap: int) -> np.ndarray:
-    """Indices of the ``n_frames`` frames more than ``gap`` frames away from every frame index in ``test``, shape
-    (n_kept,), ascending (test frames themselves are never kept; ``gap`` 0 keeps every other frame)."""
-    frames = np.arange(n_frames)
-    if len(test) == 0:
-        return frames
-    test = np.sort(test)
-    right = np.searchsorted(test, frames).clip(max=len(test) - 1)
-    left = (right - 1).clip(min=0)
-    nearest = np.minimum(np.abs(frames - test[left]), np.abs(frames - test[right]))
-    return frames[nearest > gap]
-
-
 def _npz_layout(path: Path) -> str:
     """"sgdml" or "rmd17": which published layout the npz at ``path`` has (by its fields)."""
     try:
@@ -214,6 +202,16 @@ class Rmd17(Task):
             "training frames left out on each side of a held-out test block in workbench compare "
             "(a purge: at least the trajectory's correlation time, 20 frames = 200 fs on the embedded data)",
         ),
+        Option("frame_split", str, "auto", "how to split frames that come without a train/test split (an sGDML npz, an "
+               "rMD17 npz without its splits/ folder, one file ase reads): blocks (contiguous blocks in time order, "
+               "training frames near a test frame purged), random (optimistic on a trajectory: near-duplicate "
+               "neighbouring frames), or auto (blocks for time-ordered frames: npz trajectories, ase frames with a "
+               "time or step field; random for others)", choices=FRAME_SPLITS),  # fmt: skip
+        Option("frame_block", int, 0, "frames per block of --frame-split blocks, blocks alternating train and test "
+               "(0: half the frames: the first half trains, the second tests)"),  # fmt: skip
+        Option("frame_gap", int, -1, "training frames left out on each side of a test block with --frame-split blocks "
+               "(a purge: at least the trajectory's correlation time, a few hundred frames at MD17's 0.5 fs; -1: 20 "
+               "frames, 200 fs on the embedded data, at most a quarter of a block)"),  # fmt: skip
         Option(
             "units",
             str,
@@ -272,6 +270,7 @@ class Rmd17(Task):
             raise UserError(f"--fold-block must be at least 1 frame, got {self.config['fold_block']}")
         if self.config["fold_gap"] < 0:
             raise UserError(f"--fold-gap must be 0 or more frames, got {self.config['fold_gap']}")
+        FrameSplit(self.config["frame_split"], self.config["frame_block"], self.config["frame_gap"])  # checks them
 
     # -- data and model --------------------------------------------------------------------------
     def load_model(self, source: str | Path | None, trust_checkpoint: bool = False) -> nn.Module:
@@ -289,18 +288,19 @@ class Rmd17(Task):
         self.skipped = SkipReport()
         bad = BadFrames(self.skipped, self.config["on_bad_record"])
         units, keys = self.config["units"], {k: self.config[k] for k in ("energy_key", "forces_key")}
+        split = FrameSplit(self.config["frame_split"], self.config["frame_block"], self.config["frame_gap"], seed)
         if data is None:
             raw = read_rmd17(EMBEDDED, self.config["molecule"], self.config["split"], card="rmd17-embedded", bad=bad)
         else:
             path = Path(data)
             if path.suffix.lower() in ASE_SUFFIXES or (path.is_dir() and (path / "train.xyz").is_file()):
-                raw = read_ase_set(path, seed, units=units, bad=bad, **keys)
+                raw = read_ase_set(path, seed, units=units, bad=bad, split=split, **keys)
             elif path.suffix.lower() == ".npz" and path.is_file() and _npz_layout(path) == "sgdml":
-                raw = read_sgdml(path, units=units, seed=seed, bad=bad)
+                raw = read_sgdml(path, units=units, seed=seed, bad=bad, split=split)
             else:
                 if units not in ("auto", "kcal/mol"):
                     raise UserError(f"{path}: rMD17 files are in kcal/mol as published; --units {units} does not apply")
-                raw = read_rmd17(path, self.config["molecule"], self.config["split"], bad=bad)
+                raw = read_rmd17(path, self.config["molecule"], self.config["split"], bad=bad, frame_split=split)
         for note in raw.notes:
             log.info("%s: %s", raw.source, note)
         return raw
@@ -330,7 +330,8 @@ class Rmd17(Task):
         test = frames_of("test")
         train = np.intersect1d(frames_of("train"), frames_beyond_gap(len(raw.frames), test, self.config["fold_gap"]))
         val = frames_of("val") if parts["val"] else None
-        return dataclasses.replace(raw, train_indices=train, test_indices=test, val_indices=val)
+        record = {"kind": "fold blocks", **{f"{name}_frames": self.config[f"fold_{name}"] for name in ("block", "gap")}}
+        return dataclasses.replace(raw, train_indices=train, test_indices=test, val_indices=val, split=record)
 
     def prepare(
         self, model: nn.Module, raw: LabelledSet, train_size: int, val_size: int, seed: int
@@ -370,6 +371,8 @@ class Rmd17(Task):
             "source": raw.source,
             "molecule": self.config["molecule"] if Path(raw.source).name.startswith("rmd17_") else None,
             "frames": {"train": len(train), "val": len(val), "test": len(test)},
+            "split": {key: value for key, value in raw.split.items() if key != "caveat"},
+            **({"caveat": raw.split["caveat"]} if "caveat" in raw.split else {}),
         }
         test_graphs = self._with_blocks(to_graphs(test, zs, r_max, dtype), raw.test_indices)
         data = TaskData(train_graphs, to_graphs(val, zs, r_max, dtype), test_graphs, raw.source, summary)

@@ -68,7 +68,12 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     if args.command != "adapt" and hasattr(args, "threads"):  # adapt chooses its own (and keeps it on --resume)
         use_threads(args.threads)
-    return COMMANDS[args.command](args)
+    if getattr(args, "seal_key", None) is None:
+        return COMMANDS[args.command](args)
+    from workbench.core.sealkeys import key_in_use
+
+    with key_in_use(args.seal_key):  # ``--seal-key``: this command's seals (`workbench.core.sealkeys`)
+        return COMMANDS[args.command](args)
 
 
 def _one_line_warning(message: Any, category: type, *where: Any, **more: Any) -> None:
@@ -110,8 +115,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         print(f"workbench: error: {problem}", file=sys.stderr)
         code = 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         then = _CONTINUES.get(command)
+        folder = getattr(interrupt, "run_dir", None)  # `workbench.run.rundir.RunInterrupted`: the run's folder
+        if command == "adapt" and folder is not None:
+            then = f"the run is in {folder}: continue it with the same command plus --resume --out {folder}"
         print("workbench: interrupted" + (f"; {then}" if then else ""), file=sys.stderr)
         code = 130
     sys.exit(code)

@@ -48,7 +48,8 @@ class TaskData:
     test: Sequence[Any]
     source: str
     #: Facts about the data written to ``metrics.json`` as ``data_summary`` (counts, classes, the subjects of each
-    #: split, ...); JSON-able.
+    #: split, ...); JSON-able. ``caveat``: a few words the console table's title carries (what makes its numbers
+    #: optimistic, such as a random split of correlated samples).
     summary: dict[str, Any] = field(default_factory=dict)
     #: Unlabelled samples of the target domain, for methods that look at the target while training
     #: (sample weights, alignment terms); None for tasks whose training data already is the target.

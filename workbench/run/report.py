@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import textwrap
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
@@ -10,6 +12,7 @@ from matplotlib.figure import Figure
 
 from workbench.core.config import RunConfig
 from workbench.core.task import TaskData
+from workbench.core.verdicts import scored_units, verdict
 
 
 def _rows(
@@ -26,24 +29,6 @@ def _rows(
     return rows
 
 
-def _plural(kind: str, n: int) -> str:
-    """``n`` and the noun ``kind``, each alternative ("subject or image") plural when ``n`` is not 1."""
-    return f"{n} {kind if n == 1 else ' or '.join(word + 's' for word in kind.split(' or '))}"
-
-
-def scored_units(metrics: Mapping[str, Any]) -> str:
-    """What the test scores rest on: "18 records from 12 patients" (or "40 target nodes" when each item is its own
-    group; "N samples" for a run without ``test_units``)."""
-    units = metrics.get("test_units")
-    if not units or not units.get("items"):
-        return f"{metrics['samples']['test']} samples"
-    items = _plural(units["item_kind"], units["items"])
-    if units["group_kind"] == units["item_kind"]:
-        return items
-    within = ", resampled within each" if units.get("resampled") == "items within groups" else ""
-    return f"{items} from {_plural(units['group_kind'], units['groups'])}{within}"
-
-
 def _cell(values: Mapping[str, float], bounds: Mapping[str, Any], name: str, spec: str) -> str:
     """``value [low, high]`` (the 95 % interval over test items, where the run has one), or "-" where this data give
     no value."""
@@ -52,24 +37,6 @@ def _cell(values: Mapping[str, float], bounds: Mapping[str, Any], name: str, spe
     interval = bounds.get(name)
     value = format(values[name], spec)
     return value if interval is None else f"{value} [{format(interval[0], spec)}, {format(interval[1], spec)}]"
-
-
-def caution(metrics: Mapping[str, Any], metric_names: Sequence[str], lower_is_better: Collection[str] = ()) -> str:
-    """One line when the paired 95 % interval of (run's method − best baseline) on the headline metric (the first
-    of ``metric_names``) holds 0, and "" otherwise (or without baselines or intervals)."""
-    metric, method = metric_names[0] if metric_names else "", metrics["method"]
-    scored = {name: values[metric] for name, values in metrics.get("baselines", {}).items() if metric in values}
-    if not scored:
-        return ""
-    best = (min if metric in lower_is_better else max)(scored, key=scored.__getitem__)
-    difference = metrics.get("differences", {}).get(f"{method} − {best}", {}).get(metric)
-    if not difference or difference["low"] is None or not difference["low"] <= 0 <= difference["high"]:
-        return ""
-    return (
-        f"{method} − {best} (the best baseline) in {metric}: {difference['estimate']:+.3f}, 95 % interval "
-        f"[{difference['low']:+.3f}, {difference['high']:+.3f}] over {scored_units(metrics)} holds 0: one split cannot "
-        f"tell them apart; `workbench compare --domain {metrics['task']} --methods {method},{best}` can"
-    )
 
 
 #: What the tables' memory column counts (`workbench.core.memory.training_step_bytes`, metrics.json
@@ -96,12 +63,19 @@ def _megabytes(cost: Mapping[str, Any]) -> str:
     return "-" if step is None else f"{step / 2**20:.1f}"
 
 
+#: Widest console table [characters]: a wider one wraps its column names at "_" and, if still wider, shows its cost
+#: columns in a second table under the metrics; lines under it wrap at this width.
+CONSOLE_WIDTH = 120
+
+
 def table(
     metrics: Mapping[str, Any], metric_names: Sequence[str], default_method: str | None = None,
     lower_is_better: Collection[str] = (),
 ) -> str:  # fmt: skip
     """A fixed-width before/after table for the terminal: each metric ``value [low, high]`` with its 95 % interval
-    over the test items, the title saying how many items (and groups) they are, and a `caution` line under it."""
+    over the test items, the title saying how many items (and groups) they are (and the data's ``caveat``, where
+    the task's data summary gives one), and the `verdict` line under it; at most `CONSOLE_WIDTH` wide where the
+    cells allow (`_blocks`)."""
     header = ["model", *metric_names, "trainable params", "s/epoch", "step MiB", "epochs run"]
     lines = []
     intervals = metrics.get("intervals", {})
@@ -116,7 +90,57 @@ def table(
                 str(cost["epochs"]) if cost else "-",
             ]
         )
-    widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
+    title = f"{metrics['task']}: test split ({scored_units(metrics)}; trained on {metrics['samples']['train']})"
+    caveat = (metrics.get("data_summary") or {}).get("caveat")
+    title += f"; {caveat}" if caveat else ""
+    footer = [_skipped_line(metrics)] if metrics.get("skipped_records", {}).get("skipped") else []
+    footer += [line for line in [verdict(metrics, metric_names, lower_is_better)] if line]
+    return "\n".join([title, *_blocks(header, lines, 1 + len(metric_names)), *map(_wrapped, footer)])
+
+
+def _blocks(header: list[str], rows: list[list[str]], n_metric_columns: int) -> list[str]:
+    """The table's lines: one block; past `CONSOLE_WIDTH`, column names wrapped at "_" and spaces onto several
+    lines, and the columns packed in order into blocks of at most that width (each metric column on its own, the
+    cost columns, from ``n_metric_columns`` on, together), the row labels repeated in each."""
+    block = _block(header, rows, wrap=False)
+    if len(block[0]) <= CONSOLE_WIDTH:
+        return block
+    widths = [_column_width(name, [row[i] for row in rows], wrap=bool(i)) for i, name in enumerate(header)]
+    units = [[i] for i in range(1, n_metric_columns)] + [list(range(n_metric_columns, len(header)))]
+    groups, used = [[0]], widths[0]
+    for unit in filter(None, units):
+        need = sum(widths[i] + 2 for i in unit)
+        if len(groups[-1]) > 1 and used + need > CONSOLE_WIDTH:
+            groups, used = [*groups, [0]], widths[0]
+        groups[-1] += unit
+        used += need
+    return [line for group in groups
+            for line in _block([header[i] for i in group], [[row[i] for i in group] for row in rows], wrap=True)]
+
+
+def _name_lines(name: str, width: int) -> list[str]:
+    """``name`` cut after "_" and at spaces into lines of at most ``width`` characters where its words allow."""
+    lines = [""]
+    for piece in re.findall(r"[^_ ]+[_ ]?|[_ ]", name):
+        if lines[-1] and len(lines[-1] + piece.rstrip(" ")) > width:
+            lines.append("")
+        lines[-1] += piece
+    return [line.rstrip(" ") for line in lines]
+
+
+def _column_width(name: str, cells: list[str], wrap: bool) -> int:
+    """A column's width: its widest cell, or its name's widest line (``wrap``: `_name_lines`) where wider."""
+    width = max(map(len, cells))
+    return max(width, *map(len, _name_lines(name, width) if wrap else [name]))
+
+
+def _block(header: list[str], rows: list[list[str]], wrap: bool) -> list[str]:
+    """Rule, column names (after the first, each wrapped at "_" and spaces to its values' width when ``wrap``),
+    rule, rows, rule."""
+    widths = [_column_width(name, [row[i] for row in rows], wrap and bool(i)) for i, name in enumerate(header)]
+    names = [_name_lines(name, w) if wrap and i else [name] for i, (name, w) in enumerate(zip(header, widths))]
+    depth = max(map(len, names))
+    names = [[""] * (depth - len(pieces)) + pieces for pieces in names]  # names end on the rule's line
 
     def fmt(row: list[str]) -> str:
         return "  ".join(
@@ -124,10 +148,17 @@ def table(
         )
 
     rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
-    title = f"{metrics['task']}: test split ({scored_units(metrics)}; trained on {metrics['samples']['train']})"
-    footer = [_skipped_line(metrics)] if metrics.get("skipped_records", {}).get("skipped") else []
-    footer += [line for line in [caution(metrics, metric_names, lower_is_better)] if line]
-    return "\n".join([title, rule, fmt(header), rule, *map(fmt, lines), rule, *footer])
+    return [rule, *(fmt([pieces[k] for pieces in names]) for k in range(depth)), rule, *map(fmt, rows), rule]
+
+
+def _wrapped(line: str) -> str:
+    """``line`` wrapped at `CONSOLE_WIDTH`, a `command` in backticks at its end kept whole on a line of its own."""
+    text, _, command = line.partition(" `")
+    text = re.sub(r"\[([^\]]*), ([^\]]*)\]", "[\\1,\u00a0\\2]", text).replace(" % ", "\u00a0% ")  # kept whole
+    lines = [piece.replace("\u00a0", " ") for piece in textwrap.wrap(text, CONSOLE_WIDTH, break_on_hyphens=False)]
+    if command:
+        lines += [f"  `{command}"]
+    return "\n".join(lines)
 
 
 def _skipped_line(metrics: Mapping[str, Any]) -> str:
@@ -154,7 +185,7 @@ def _interval_note(metrics: Mapping[str, Any]) -> str:
 def _differences(
     metrics: Mapping[str, Any], metric_names: Sequence[str], lower_is_better: Collection[str]
 ) -> list[str]:
-    """The report's section of paired differences (same resampled test items for both models), and the caution."""
+    """The report's section of paired differences (same resampled test items for both models), and the verdict."""
     differences = metrics.get("differences", {})
     if not differences:
         return []
@@ -173,7 +204,7 @@ def _differences(
             else:
                 cells.append(f"{value['estimate']:+.3f} [{value['low']:+.3f}, {value['high']:+.3f}]")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    line = caution(metrics, metric_names, lower_is_better)
+    line = verdict(metrics, metric_names, lower_is_better)
     return lines + (["", f"**{line}**"] if line else [])
 
 
@@ -232,12 +263,13 @@ def markdown(
     record, None for none), the configuration."""
     columns = [*metric_names, "trainable params", "s/epoch", "step MiB", "epochs run (best, from 1)"]
     header = "| model | " + " | ".join(columns) + " |"
+    caveat = (metrics.get("data_summary") or {}).get("caveat")
     lines = [
         f"# {config.task}: {config.method} vs {', '.join(map(str, config.baselines)) or 'no baselines'}",
         "",
         f"Data: `{data.source}` — {metrics['samples']['train']} training, {metrics['samples']['val']} validation, "
         f"{metrics['samples']['test']} test samples ({scored_units(metrics)}). Seed {config.seed}, device "
-        f"{config.device}.",
+        f"{config.device}." + (f" **Caveat: {caveat}.**" if caveat else ""),
         "",
         *_recipe_lines(config),
         header,

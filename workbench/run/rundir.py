@@ -42,6 +42,15 @@ class OutputBusy(UserError):
     """Another process holds the output."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a process held its run folder (`claim_run_dir`): ``run_dir`` is the folder ``--resume``
+    continues."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(str(run_dir))
+        self.run_dir = run_dir
+
+
 #: What a refusal of a folder that is not empty says by default: how a run continues.
 RESUME_HINT = "add --resume to continue that run"
 
@@ -76,7 +85,12 @@ def claim_run_dir(out_dir: Path, resume: bool, continues: str | None = RESUME_HI
             raise UserError(
                 f"{out_dir}: another run wrote into it while this one was reading its data; choose another --out"
             )
-        yield
+        try:
+            yield
+        except RunInterrupted:
+            raise
+        except KeyboardInterrupt as interrupt:  # the console names the folder to resume (`RunInterrupted`)
+            raise RunInterrupted(out_dir) from interrupt
 
 
 @contextmanager
