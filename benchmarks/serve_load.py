@@ -13,7 +13,7 @@ to its full response), and the checks:
 - crossed: answers whose ``input_sha256`` is not the hash of what that request sent, or whose record is not the one
   sent;
 - audit: request ids without exactly one audit line whose input hash matches, and audit lines of no request; then
-  ``workbench audit verify`` on the whole log.
+  ``workbench audit verify`` on the whole log, against the signed heads the server wrote.
 
 Client and server share the machine (on 2 cores the client's own CPU time is part of what is measured): the numbers
 are this machine's, not a claim about another one, so they are printed and kept in the results file, not rendered
@@ -251,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
             server.process.send_signal(signal.SIGTERM)
             server.process.wait(60)
-            verified = subprocess.run([sys.executable, "-m", "workbench", "audit", "verify", str(server.audit)],
-                                      capture_output=True, text=True)  # fmt: skip
+            heads = f"{server.audit}.heads.jsonl"  # the server's signed heads (workbench serve --audit-heads)
+            verified = subprocess.run([sys.executable, "-m", "workbench", "audit", "verify", str(server.audit),
+                                       "--since-checkpoint", heads], capture_output=True, text=True)  # fmt: skip
     print(table(rows))
     print(f"audit verify: exit {verified.returncode}: {(verified.stdout or verified.stderr).strip()}")
     if not args.no_results:

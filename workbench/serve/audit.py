@@ -85,7 +85,8 @@ class LogCheck:
         """One line: ``ok: ...`` or ``LOG: line N: problem``."""
         if self.ok:
             return (f"ok: {self.path}: {self.lines} line(s), hash chain intact from the first line; last line's "
-                    f"sha256 {self.head} (keep it elsewhere to detect lines removed from the end)")  # fmt: skip
+                    f"sha256 {self.head} (lines removed from the end show only against heads kept elsewhere: "
+                    "--since-checkpoint, --expect-head)")  # fmt: skip
         return f"{self.path}: line {self.bad_line}: {self.problem} ({self.lines} line(s) before it are intact)"
 
 
