@@ -82,3 +82,44 @@ def test_the_command_writes_outside_run_folders_and_never_over_a_card(run_dir, t
     assert code == 2 and ".md" in err
     code, _, err = cli(["card", tmp_path, "--output", tmp_path / "x.md"], capsys)
     assert code == 2 and "not a finished run" in err
+
+
+def test_the_card_says_what_each_number_rests_on(run_dir):
+    """Too few validation items: the card says no temperature was fitted and why, that every conformal set holds
+    every class, and counts the best epoch from 1 as the console does."""
+    text = card_text(run_dir)
+    clinical = json.loads((run_dir / "clinical.json").read_text())
+    c, k = clinical["calibration"], clinical["conformal"]
+    assert c["fit_items"] < c["min_fit_items"] and len(c["unfitted_classes"]) == len(c["temperatures"])
+    assert (f"no temperature was fitted: {c['fit_items']} fitting item(s), below the {c['min_fit_items']} that "
+            "fitting needs") in text  # fmt: skip
+    assert "(nothing fitted: the same probabilities)" in text
+    assert all(q is None for q in k["quantiles"]) and "Every set holds every class (5)" in text
+    best = json.loads((run_dir / "metrics.json").read_text())["costs"]["readout"]["best_epoch"]
+    assert f"(best {best + 1}, counted from 1 as on the console)" in text
+    assert "Against the baselines" not in text  # the run had none
+
+
+def test_the_card_and_predict_say_the_method_s_standing_and_the_batch_s_verdicts(tmp_path, capsys):
+    from workbench.domains.ecg.readers import EMBEDDED_PTBXL
+
+    from workbench.core.registry import tasks
+    from workbench.core.verdicts import verdict
+
+    run = tmp_path / "run"
+    code, _, _ = cli(["adapt", "--domain", "ptbxl", "--method", "readout", "--epochs", "1", "--baselines", "full",
+                      "--quiet", "--out", run], capsys)  # fmt: skip
+    assert code == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    said = verdict(metrics, list(tasks.get("ptbxl").metrics), tasks.get("ptbxl").lower_is_better)
+    assert said and f"Against the baselines run beside it: {said}" in card_text(run)
+    code, out, _ = cli(["predict", "--run", run, "--input", EMBEDDED_PTBXL / "records100" / "00000", "--output",
+                        tmp_path / "p.csv"], capsys)  # fmt: skip
+    record = json.loads((tmp_path / "p.json").read_text())
+    shift, sets = record["clinical"]["shift"], record["clinical"]["sets"]
+    assert code == 0 and f"shift: {shift['verdict']} (statistic" in out and f"p = {shift['p_value']:.3g}" in out
+    rows = (tmp_path / "p.csv").read_text().splitlines()
+    column = rows[0].split(",").index("conformal_set")
+    full = sum(len(row.split(",")[column].split("|")) == 5 for row in rows[1:])  # every class in the set
+    assert sets["items"] == len(rows) - 1 and sets["all_classes"] == full
+    assert f"conformal sets: {full} of {len(rows) - 1} hold every class (5)" in out

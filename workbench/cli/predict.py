@@ -34,4 +34,24 @@ def run_predict(args: argparse.Namespace) -> int:
     if "problems" in record["run_seal"]:
         print(_seal_line(args.run, record["run_seal"]))
     print(f"wrote {record['records']} row(s) to {args.output}, {record['failed']} without scores (see status)")
+    for line in _clinical_lines(record.get("clinical")):
+        print(line)
     return 0
+
+
+def _clinical_lines(clinical: dict[str, Any] | None) -> list[str]:
+    """What the record's ``clinical`` part says of this batch, in words: the shift verdict and what the conformal
+    sets hold (empty without a fitted clinical layer)."""
+    if not clinical:
+        return []
+    lines = []
+    shift = clinical.get("shift")
+    if shift:
+        lines.append(f"shift: {shift.get('verdict')} (statistic {shift.get('statistic', float('nan')):.4g}, p = "
+                     f"{shift.get('p_value', float('nan')):.3g}, {shift.get('batch', '?')} item(s) tested against the "
+                     "run's reference)")  # fmt: skip
+    sets = clinical.get("sets")
+    if sets:
+        lines.append(f"conformal sets: {sets['all_classes']} of {sets['items']} hold every class ({sets['classes']}) "
+                     f"and say nothing, {sets['empty']} are empty; mean size {sets['mean_size']:.2f}")  # fmt: skip
+    return lines

@@ -74,9 +74,9 @@ def card_text(run: str | Path) -> str:
         _run_section(run, config, metrics, adapter, sealed),
         _data_section(run, config, metrics),
         _method_section(config, metrics, adapter),
-        _metrics_section(metrics),
+        _metrics_section(config, metrics),
         _calibration_section(run, clinical, adapter),
-        _conformal_section(clinical),
+        _conformal_section(clinical, adapter),
         _shift_section(clinical),
         _limits_section(config, metrics, clinical, sealed),
         "## Intended use\n\n" + _intended_use(run),
@@ -192,14 +192,33 @@ def _method_section(config: Any, metrics: Mapping, adapter: Mapping) -> str:
         f"- `{method}`: {description}",
         "- Options: " + (", ".join(f"{k}={v}" for k, v in options.items()) if options else "its defaults"),
         f"- Trainable parameters: {metrics.get('trainable_parameters', '—')} of {metrics.get('total_parameters', '—')}",
-        f"- Epochs: {cost.get('epochs', config.epochs)} (best {cost.get('best_epoch', '—')}), training time "
+        f"- Epochs: {cost.get('epochs', config.epochs)} (best {_from_one(cost.get('best_epoch'))}, counted from 1 as "
+        "on the console), training time "
         f"{_number(metrics.get('train_seconds'), 1)} s",
         "- Baselines run beside it: " + (", ".join(f"`{b}`" for b in metrics.get("baselines") or {}) or "none"),
     ]
     return "\n".join(lines) + "\n"
 
 
-def _metrics_section(metrics: Mapping) -> str:
+def _from_one(epoch: Any) -> str:
+    """A 0-based epoch of ``metrics.json`` counted from 1 (the console's count); "—" when unknown."""
+    return str(epoch + 1) if isinstance(epoch, int) else "—"
+
+
+def _standing(config: Any, metrics: Mapping) -> str:
+    """The run's method against the best baseline, in the console's words (`workbench.core.verdicts.verdict`);
+    "" without baselines or when the task's plug-in is not installed here."""
+    from workbench.core.registry import tasks
+    from workbench.core.verdicts import verdict
+
+    try:
+        task = tasks.get(config.task)
+    except Exception:  # a task whose plug-in is not installed here: no metric order to read
+        return ""
+    return verdict(metrics, list(task.metrics), task.lower_is_better)
+
+
+def _metrics_section(config: Any, metrics: Mapping) -> str:
     after, before = metrics.get("after") or {}, metrics.get("before") or {}
     intervals = metrics.get("intervals") or {}
     difference = (metrics.get("differences") or {}).get("after − before", {})
@@ -226,6 +245,11 @@ def _metrics_section(metrics: Mapping) -> str:
                  if change else "—")  # fmt: skip
         lines.append(f"| {name} | {cell(before, intervals.get('before', {}), name)} | "
                      f"{cell(after, intervals.get('after', {}), name)} | {delta} |")  # fmt: skip
+    standing = _standing(config, metrics)
+    if standing:
+        lines.append(f"\nAgainst the baselines run beside it: {standing} [metrics.json `differences`]")
+    elif metrics.get("baselines"):
+        lines.append("\nAgainst the baselines run beside it: no paired interval in this run's files.")
     return "\n".join(lines) + "\n"
 
 
@@ -245,11 +269,11 @@ def _calibration_section(run: Path, clinical: Mapping | None, adapter: Mapping) 
              if len(classes) == len(temperatures) else ", ".join(_number(t, 2) for t in temperatures))  # fmt: skip
     lines = [
         f"- {c.get('method')} [clinical.json `calibration`]",
-        f"- Temperatures: {named}" + (f" (kept at 1: classes {c['unfitted_classes']})" if c.get("unfitted_classes")
-                                      else ""),  # fmt: skip
+        f"- Temperatures: {named}" + _unfitted(c, classes, len(temperatures)),
         f"- Expected calibration error ({c.get('ece_bins')}), on {c.get('ece_items')} held-out validation items: "
-        f"{_number(c.get('ece_before'))} before, {_number(c.get('ece_after'))} after (temperatures fitted on "
-        f"{c.get('fit_items')} others)",
+        f"{_number(c.get('ece_before'))} before, {_number(c.get('ece_after'))} after "
+        + (f"(temperatures fitted on {c.get('fit_items')} others)" if len(c.get("unfitted_classes") or []) <
+           len(temperatures) else "(nothing fitted: the same probabilities)"),  # fmt: skip
     ]
     if clinical.get("split"):
         lines.append(f"- Validation split use: {clinical['split']}")
@@ -258,7 +282,20 @@ def _calibration_section(run: Path, clinical: Mapping | None, adapter: Mapping) 
     return title + "\n".join(lines) + "\n"
 
 
-def _conformal_section(clinical: Mapping | None) -> str:
+def _unfitted(c: Mapping, classes: list, count: int) -> str:
+    """Which temperatures were not fitted, and why (too few items; a class absent from the fitting items)."""
+    unfitted = c.get("unfitted_classes") or []
+    if not unfitted:
+        return ""
+    minimum, items = c.get("min_fit_items"), c.get("fit_items")
+    if len(unfitted) == count and isinstance(minimum, int) and isinstance(items, int) and items < minimum:
+        return (f" — no temperature was fitted: {items} fitting item(s), below the {minimum} that fitting needs, so "
+                "the probabilities are the model's own")  # fmt: skip
+    names = [classes[k] if isinstance(k, int) and k < len(classes) else str(k) for k in unfitted]
+    return f" (kept at 1: {', '.join(map(str, names))}, each with one label value only among the fitting items)"
+
+
+def _conformal_section(clinical: Mapping | None, adapter: Mapping) -> str:
     title = "## Conformal prediction sets\n\n"
     if clinical is None or not clinical.get("conformal"):
         return title + _not_fitted("conformal calibration")
@@ -271,6 +308,16 @@ def _conformal_section(clinical: Mapping | None) -> str:
         f"- Empirical coverage on the test split: {_number(k.get('test_coverage'))} over {k.get('test_items')} "
         f"items; mean set size {_number(k.get('test_mean_set_size'), 2)}",
     ]
+    classes = (adapter.get("task_state") or {}).get("classes") or []
+    quantiles = k.get("quantiles")
+    if isinstance(quantiles, list) and quantiles and all(q is None for q in quantiles):
+        lines.append(f"- Every set holds every class{f' ({len(classes)})' if classes else ''}: "
+                     f"{k.get('calibration_items')} calibration item(s) are too few for a finite threshold at α = "
+                     f"{alpha} (split conformal needs at least (1 − α)/α of them), so the coverage above says "
+                     "nothing about the model")  # fmt: skip
+    elif classes and k.get("test_mean_set_size") == len(classes):
+        lines.append(f"- Every set holds all {len(classes)} classes on the test split: the sets do not narrow the "
+                     "answer at this level")  # fmt: skip
     return title + "\n".join(lines) + "\n"
 
 

@@ -79,7 +79,9 @@ def predict(
             "records": len(predictions.rows),
             "failed": sum(status != "ok" for status in statuses),
             **predictions.facts,
-            "clinical": _clinical_record(predictor.describe(), clinical) if predictor.summary is not None else None,
+            "clinical": (_clinical_record(predictor.describe(), clinical, predictions.rows,
+                                          adapter["task_state"].get("classes") or [])
+                         if predictor.summary is not None else None),  # fmt: skip
             "sha256": {**files, "csv": hashlib.sha256(table).hexdigest()},
         }
         content = (json.dumps(record, indent=2) + "\n").encode()
@@ -121,11 +123,26 @@ def _provenance(finished: Run, config: Any, task: Any, adapter: dict[str, Any], 
     }
 
 
-def _clinical_record(described: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
+def _clinical_record(described: dict[str, Any], batch: dict[str, Any], rows: list[dict[str, Any]],
+                     classes: list[str]) -> dict[str, Any]:  # fmt: skip
     """The prediction record's ``clinical`` part: the run's calibration and conformal settings, the alarm's test,
-    and for this batch the shift statistic, p-value and verdict and the kind of conformal sets given."""
+    and for this batch the shift statistic, p-value and verdict, the kind of conformal sets given and what they
+    hold (`set_sizes`)."""
     return {"calibration": described["calibration"], "conformal": described["conformal"],
-            "shift_test": described["shift"], "shift": batch["shift"], "conformal_kind": batch["conformal_kind"]}
+            "shift_test": described["shift"], "shift": batch["shift"], "conformal_kind": batch["conformal_kind"],
+            "sets": set_sizes(rows, len(classes))}  # fmt: skip
+
+
+def set_sizes(rows: list[dict[str, Any]], classes: int) -> dict[str, Any] | None:
+    """What the scored rows' conformal sets (``conformal_set``: class names joined by ``|``) hold: ``items``, those
+    holding every one of the ``classes`` (``all_classes``: they do not narrow the answer), the ``empty`` ones and
+    the mean size; None when no row has a set."""
+    sizes = [len([name for name in str(row["conformal_set"]).split("|") if name]) for row in rows
+             if row.get("status", "ok") == "ok" and row.get("conformal_set") is not None]  # fmt: skip
+    if not sizes or classes < 1:
+        return None
+    return {"items": len(sizes), "classes": classes, "all_classes": sum(size >= classes for size in sizes),
+            "empty": sum(size == 0 for size in sizes), "mean_size": sum(sizes) / len(sizes)}  # fmt: skip
 
 
 def _output_estimate(folder: Path) -> int:
