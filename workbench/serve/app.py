@@ -136,10 +136,14 @@ def _refusal(status: int, detail: str, request_id: str | None = None, **headers:
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 
-def _unauthorised() -> JSONResponse:
-    """401 asking for a bearer token."""
-    return _refusal(401, "a bearer token is required: Authorization: Bearer <token>", **{"WWW-Authenticate":
-                    "Bearer"})  # fmt: skip
+def _unauthorised(request: Request) -> JSONResponse:
+    """401: a bearer token is asked for when none was given, and said to be unknown when one was."""
+    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        detail = "the bearer token given is not one of this server's (--token-file): ask its operator for yours"
+    else:
+        detail = "a bearer token is required: Authorization: Bearer <token>"
+    return _refusal(401, detail, **{"WWW-Authenticate": "Bearer"})
 
 
 async def _fault(request: Request, error: Exception) -> JSONResponse:
@@ -179,7 +183,7 @@ class _Service:
         """``GET /audit/head``: the audit log's head, freshly signed (`workbench.serve.audit_head.sign_head`), with
         where the server keeps its signed heads."""
         if self.tokens.caller(request.headers.get("authorization")) is None:
-            return _unauthorised()
+            return _unauthorised(request)
         from workbench.serve.audit_head import sign_head
 
         seq, head = self.audit.head
@@ -190,7 +194,7 @@ class _Service:
     async def describe(self, request: Request) -> Any:
         """``GET /model``: the predictor's ``describe()``."""
         if self.tokens.caller(request.headers.get("authorization")) is None:
-            return _unauthorised()
+            return _unauthorised(request)
         return await run_in_threadpool(self.predictor.describe)
 
     async def predict(self, request: Request) -> JSONResponse:
@@ -198,7 +202,7 @@ class _Service:
         caller = self.tokens.caller(request.headers.get("authorization"))
         if caller is None:
             log.warning("refused a /predict request from %s: no valid token", request.client)
-            return _unauthorised()
+            return _unauthorised(request)
         if self.audit.failure:
             return _refusal(503, f"{self.audit.failure}: no answer is given without its audit line")
         request_id, started = uuid.uuid4().hex, time.monotonic()
