@@ -34,6 +34,18 @@ from workbench.core.ema import ExponentialMovingAverage
 
 log = logging.getLogger(__name__)
 
+#: Remaining training time [s] above which a trainer says, after its first epoch, how long the rest will take.
+ESTIMATE_ABOVE_S = 60.0
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in words: "40 s", "12 min", "2.5 h"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -412,6 +424,14 @@ class Trainer:
             self._release_frozen()
             self.model.eval()
 
+    def _say_duration(self, first_epoch_s: float) -> None:
+        """After the first epoch: how long the remaining epochs will take at its pace [s], when that is more than
+        `ESTIMATE_ABOVE_S` (a long run says so before it is under way; early stopping can end it sooner)."""
+        remaining = first_epoch_s * (self.settings.epochs - 1)
+        if remaining > ESTIMATE_ABOVE_S:
+            log.info("%s: the first epoch took %.1f s; at that pace the other %d take about %s (early stopping may "
+                     "end sooner)", self.label, first_epoch_s, self.settings.epochs - 1, _duration(remaining))
+
     def _fit(self, resume: bool) -> list[dict[str, float]]:
         if resume and self.checkpoint_path is not None and self.checkpoint_path.is_file():
             self._restore(load_checkpoint(self.checkpoint_path))
@@ -461,6 +481,8 @@ class Trainer:
                 random_states = self._random_states()  # every process takes part
                 if self.rank == 0:
                     save_checkpoint(self.checkpoint_path, self._state(random_states))
+            if len(self.history) == 1 and self.rank == 0:
+                self._say_duration(time.perf_counter() - start)
             bar.update(1)
             bar.set_postfix(train=f"{train_loss:.4g}", val=f"{val_loss:.4g}")
             log.debug("%s epoch %d: train %.5g val %.5g (%.2fs)", self.label, epoch + 1, train_loss, val_loss, seconds)
