@@ -118,7 +118,7 @@ def test_a_seal_recomputed_without_the_key_is_refused_naming_its_key(run, tmp_pa
     assert forged["public_key"] in line  # the line that would trust it, if one chose to
     unkeyed = {key: forged[key] for key in ("kind", "sealed", "workbench_version", "files")}
     rewrite(changed, {"format": "workbench-seal/1", **unkeyed})
-    refused(changed, "an unkeyed seal written by workbench < 0.3")
+    refused(changed, "an unkeyed seal written before seals were signed")
 
 
 def test_a_deleted_seal_is_refused_by_evaluate_run_load_and_a_teacher(run, tmp_path):

@@ -275,7 +275,7 @@ def test_an_emptied_or_forged_seal_is_refused_by_predict_and_serve(run, records,
     with pytest.raises(UserError, match="signature does not hold"):
         ClinicalPredictor.load(changed)
     (changed / "seal.json").write_text(json.dumps({**content, "format": "workbench-seal/1"}))
-    one_line_error(predict(changed, records, tmp_path / "p.csv"), "unkeyed seal written by workbench < 0.3")
+    one_line_error(predict(changed, records, tmp_path / "p.csv"), "unkeyed seal written before seals were signed")
     assert not (tmp_path / "p.csv").exists()
 
 

@@ -18,7 +18,7 @@ from workbench import _moved  # noqa: E402
 
 _moved.install()  # the module paths before 0.2 (``workbench.task``) keep working, with a FutureWarning
 
-__version__ = "0.3.0"
+__version__ = "0.2.0"
 
 #: The public API, imported on first use (``workbench.adapt``): the command line refuses a mistyped name before
 #: torch and matplotlib are imported.

@@ -47,9 +47,10 @@ def _clinical_lines(clinical: dict[str, Any] | None) -> list[str]:
     lines = []
     shift = clinical.get("shift")
     if shift:
-        lines.append(f"shift: {shift.get('verdict')} (statistic {shift.get('statistic', float('nan')):.4g}, p = "
-                     f"{shift.get('p_value', float('nan')):.3g}, {shift.get('batch', '?')} item(s) tested against the "
-                     "run's reference)")  # fmt: skip
+        tested = isinstance(shift.get("statistic"), (int, float)) and isinstance(shift.get("p_value"), (int, float))
+        lines.append(f"shift: {shift.get('verdict')}" + (
+            f" (statistic {shift['statistic']:.4g}, p = {shift['p_value']:.3g}, {shift.get('batch', '?')} item(s) "
+            "tested against the run's reference)" if tested else ""))  # fmt: skip
     sets = clinical.get("sets")
     if sets:
         lines.append(f"conformal sets: {sets['all_classes']} of {sets['items']} hold every class ({sets['classes']}) "

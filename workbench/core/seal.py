@@ -23,10 +23,10 @@ The signature is ed25519 over the canonical JSON (sorted keys, separators ``,`` 
 A seal verifies when it is readable and of format 2, its signature holds, its key is trusted (the key's own, or one
 listed in ``$XDG_CONFIG_HOME/workbench/trusted-seal-keys``), it lists every file its kind requires, and every file it
 lists is present with its size and sha256, and no file it covers was added after sealing. Anything else is a `Problem`:
-a missing seal, a format 1 seal (unkeyed, written by workbench < 0.3: anyone could rewrite it), a bad signature, an
-untrusted key (named by its key_id, with the line that would trust it), a required file not listed, a listed file
-missing or changed, a file added. ``--trust-modified`` lets a reader go on anyway; `check_run` then returns the problems
-for the reader's record.
+a missing seal, a format 1 seal (unkeyed, written before seals were signed: anyone could rewrite it), a bad
+signature, an untrusted key (named by its key_id, with the line that would trust it), a required file not listed, a
+listed file missing or changed, a file added. ``--trust-modified`` lets a reader go on anyway; `check_run` then
+returns the problems for the reader's record.
 
 What a seal covers: every regular file below its folder, except hidden names (the lock ``.lock``, ``.owner.json``,
 the temporary files of atomic writes: any path with a part starting with ``.``), ``seal.json`` itself and the files
@@ -55,7 +55,7 @@ log = logging.getLogger("workbench")
 SEAL = "seal.json"
 #: The manifest's format (its ``format`` field).
 FORMAT = "workbench-seal/2"
-#: The unkeyed format of workbench < 0.3 (sha256 and size alone): read as a seal that cannot be verified.
+#: The unkeyed format written before seals were signed (sha256 and size alone): read as a seal that cannot be verified.
 UNKEYED_FORMAT = "workbench-seal/1"
 #: What a reader is told to pass to use a folder whose files differ from its seal.
 TRUST_FLAG = "--trust-modified"
@@ -188,8 +188,8 @@ def _read_seal(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise ValueError(f"not a readable seal ({error})") from None
     if isinstance(content, dict) and content.get("format") == UNKEYED_FORMAT:
-        raise ValueError(f"an unkeyed seal written by workbench < 0.3 ({UNKEYED_FORMAT}): anyone could have rewritten "
-                         "it, so its files cannot be verified; make the run again to seal it with a key")  # fmt: skip
+        raise ValueError(f"an unkeyed seal written before seals were signed ({UNKEYED_FORMAT}): anyone could have "
+                         "rewritten it, so its files cannot be verified; make the run again to seal it with a key")
     if not isinstance(content, dict) or content.get("format") != FORMAT:
         raise ValueError(f"not a workbench seal (expected {{'format': '{FORMAT}', ...}})")
     if not isinstance(content.get("files"), dict) or content.get("kind") not in REQUIRED:
