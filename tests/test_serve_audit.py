@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,9 @@ import pytest
 pytest.importorskip("wfdb")
 pytest.importorskip("fastapi")
 from starlette.testclient import TestClient  # noqa: E402
+from test_serve import run_dir  # noqa: E402, F401  (a finished ptbxl run)
 from workbench.domains.ecg.readers import EMBEDDED_PTBXL  # noqa: E402
 
-from workbench.cli import main  # noqa: E402
 from workbench.clinical.predictor import ClinicalPredictor  # noqa: E402
 from workbench.serve.app import create_app  # noqa: E402
 from workbench.serve.audit import AuditLog, verify_log  # noqa: E402
@@ -29,19 +30,9 @@ RECORD = EMBEDDED_PTBXL / "records100" / "00000"
 TOKEN = "t" * 24
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("serve-audit") / "run"
-    with pytest.raises(SystemExit) as exit_info:
-        main(["adapt", "--domain", "ptbxl", "--method", "readout", "--epochs", "1", "--baselines", "", "--quiet",
-              "--out", str(out)])  # fmt: skip
-    assert exit_info.value.code == 0
-    return out
-
-
-def client(run_dir: Path, folder: Path, trust_modified: bool = False) -> tuple[TestClient, AuditLog]:
+def client(run: Path, folder: Path, trust_modified: bool = False) -> tuple[TestClient, AuditLog]:
     audit = AuditLog(folder / "audit.jsonl", heads=Heads(folder / "heads" / "heads.jsonl"))
-    predictor = ClinicalPredictor.load(run_dir, trust_modified=trust_modified, device="cpu")
+    predictor = ClinicalPredictor.load(run, trust_modified=trust_modified, device="cpu")
     app = create_app(predictor, parse_tokens(f"ward-7 {TOKEN}", "test"), audit, Limits(timeout_s=60))
     return TestClient(app), audit
 
@@ -51,7 +42,7 @@ def predict(test_client: TestClient, name: str = "00001_lr"):
     return test_client.post("/predict", files=files, headers={"Authorization": f"Bearer {TOKEN}"})
 
 
-def test_the_served_head_is_signed_and_held_by_the_log(run_dir, tmp_path):
+def test_the_served_head_is_signed_and_held_by_the_log(run_dir, tmp_path):  # noqa: F811
     test_client, audit = client(run_dir, tmp_path)
     with test_client:
         assert predict(test_client).status_code == 200
@@ -64,7 +55,7 @@ def test_the_served_head_is_signed_and_held_by_the_log(run_dir, tmp_path):
     assert check_heads(tmp_path / "audit.jsonl", [head]) == []
 
 
-def test_a_full_audit_disk_turns_health_503_and_refuses_every_request_with_one_reason(run_dir, tmp_path):
+def test_a_full_audit_disk_turns_health_503_and_refuses_every_request_with_one_reason(run_dir, tmp_path):  # noqa: F811
     test_client, audit = client(run_dir, tmp_path)
     with test_client:
         assert predict(test_client).status_code == 200
@@ -83,9 +74,9 @@ def test_a_full_audit_disk_turns_health_503_and_refuses_every_request_with_one_r
     assert verify_log(tmp_path / "audit.jsonl").lines == 1  # the answered request's line, nothing torn
 
 
-def test_a_model_served_with_trust_modified_records_what_differed_on_every_line(run_dir, tmp_path):
+def test_a_model_served_with_trust_modified_records_what_differed_on_every_line(run_dir, tmp_path):  # noqa: F811
     copy = tmp_path / "run"
-    os.system(f"cp -r {run_dir} {copy}")
+    shutil.copytree(run_dir, copy)
     with (copy / "report.md").open("a") as report:
         report.write("\nedited after the run finished\n")
     test_client, audit = client(copy, tmp_path / "serve", trust_modified=True)
