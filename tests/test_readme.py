@@ -182,7 +182,7 @@ UNRUN = {
     "CI makes its own, and its workbench command is parsed",
     ("README.md", '-m "not slow"'): "the default suite itself: .ci/run runs this line (checked above)",
     ("README.md", "python -m pytest -q -m slow"): "the slow suite itself",
-    ("README.md", "&& mkdocs serve"): "a documentation server that runs until stopped (the docs extra)",
+    ("README.md", "mkdocs serve    #"): "a documentation server that runs until stopped (the docs extra)",
     ("docs/clinical.md", "--audit-heads /mnt/records/"): "a user's run, records and heads disk; the README's clinical "
     "block runs the same steps",
     ("docs/domains/medvl.md", "python benchmarks/medvl_hlora.py"): "a benchmark run (minutes); its workbench "
