@@ -247,3 +247,33 @@ def test_a_comparison_knows_whether_its_seeds_share_one_dataset(tmp_path):
     assert fixed_data(generated) is False and plan_cells(generated)[1]["fixed_data"] is False  # a problem per seed
     assert fixed_data(CompareSpec("features", ("full", "warmpot"), seeds=(200, 201, 202), data=str(tmp_path)))
     assert fixed_data(CompareSpec("rmd17", ("full", "elora"), seeds=(200, 201, 202)))  # the embedded frames
+
+
+def test_a_data_path_holding_seed_reads_one_dataset_per_seed(tmp_path):
+    """``--data DIR/seed{seed}``: each seed's cells read that seed's own folder (the fold plan reads it, the cell's
+    run is given it, the cell's data fingerprint is its files'), and the comparison is no longer conditional on one
+    dataset; a seed without its folder is refused before anything runs, naming it."""
+    from workbench.comparison.cells import data_fingerprint
+    from workbench.comparison.design import cell_request, fixed_data, plan_cells
+    from workbench.core.errors import UserError
+    from workbench.core.registry import tasks
+
+    task = tasks.get("features")()
+    for seed in (200, 201):
+        task.generate(tmp_path / f"seed{seed}", seed=seed)
+    spec = CompareSpec("features", ("full", "warmpot"), folds=2, seeds=(200, 201), data=str(tmp_path / "seed{seed}"))
+    spec.check()
+    assert not fixed_data(spec)
+    cells, facts = plan_cells(spec)
+    assert facts["fixed_data"] is False
+    by_seed = {cell.seed: cell for cell in cells}
+    for seed, cell in by_seed.items():
+        assert cell_request(spec, cell, tmp_path / "run", None, None).data == str(tmp_path / f"seed{seed}")
+    prints = {seed: data_fingerprint(spec.data_for(seed), "features", {}, seed) for seed in (200, 201)}
+    assert prints[200] != prints[201]  # two generated problems, two sets of file digests
+    with pytest.raises(UserError, match=r"seed\(s\) 202: .*seed202"):
+        CompareSpec("features", ("full", "warmpot"), seeds=(200, 201, 202), data=str(tmp_path / "seed{seed}")).check()
+    from workbench.comparison.report import dataset_line
+
+    line = dataset_line({"spec": spec.to_dict(), "fixed_data": False})
+    assert line.startswith("One dataset per seed") and "seed{seed}" in line

@@ -115,7 +115,7 @@ def cell_manifest(spec: CompareSpec, cell: Cell, run: Mapping[str, Any], wall_se
     configs = [resolve_config(cell_request(spec, cell, Path(), rate, None))[0] for rate in rates]
     return {
         "config_hash": config_hash(configs),
-        "data_fingerprint": data_fingerprint(spec.data, spec.domain, configs[0].task_options, cell.seed),
+        "data_fingerprint": data_fingerprint(spec.data_for(cell.seed), spec.domain, configs[0].task_options, cell.seed),
         "versions": versions(),
         "commit": source_commit(),
         "steps": run["steps"],
@@ -323,7 +323,7 @@ def check_recorded_data(spec: CompareSpec, cell: Cell, record: Mapping[str, Any]
         options = resolve_config(cell_request(spec, cell, Path(), rate, None))[0].task_options
         key = (cell.seed, json.dumps(options, sort_keys=True, default=str))
         if key not in known:
-            known[key] = data_fingerprint(spec.data, spec.domain, options, cell.seed)
+            known[key] = data_fingerprint(spec.data_for(cell.seed), spec.domain, options, cell.seed)
         if known[key] != recorded:
             raise UserError(f"cell {cell.name}: the data changed since it was recorded (its data fingerprint in {path} "
                             "is not that of the data now); the comparison would mix two data sets: give the data it "

@@ -38,6 +38,10 @@ DEVELOPMENT_SEEDS_BELOW = 100
 FIRST_REPORTED_SEED = 200
 
 
+#: What a `CompareSpec.data` path holds where each seed reads its own dataset (``--data site-{seed}``).
+SEED_FIELD = "{seed}"
+
+
 #: `workbench.core.config.RunConfig` fields a cell's configuration hash leaves out: where the run wrote, and its CPU
 #: threads (not part of the spec; recorded beside the hash as ``threads``, and kept by `rerun_cell`).
 UNHASHED = ("out", "threads")
@@ -119,6 +123,11 @@ class CompareSpec:
             raise UserError(f"--fold-val-share must be in (0, 1), got {self.val_share}")
         if any(rate <= 0 for rate in self.lr_grid) or (self.lr_grid and self.learning_rate is not None):
             raise UserError("--lr-grid takes positive rates, and replaces --lr (give one of them)")
+        if self.data and SEED_FIELD in self.data:
+            missing = [f"{seed}: {path}" for seed in self.seeds if not Path(path := self.data_for(seed)).exists()]
+            if missing:
+                raise UserError(f"--data {self.data}: no data for seed(s) {'; '.join(missing)} (a path holding "
+                                f"{SEED_FIELD} names one dataset per seed)")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         content = dataclasses.asdict(self)
@@ -130,6 +139,11 @@ class CompareSpec:
         since, its current name)."""
         content = renamed("spec.json", settings_for("compare"), content)
         return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in content.items()})
+
+    def data_for(self, seed: int) -> str | None:
+        """The data seed ``seed``'s cells read: `data` with ``{seed}`` replaced by the seed (one dataset per seed, so
+        the units cover new data, not only new partitions of one dataset), else `data` itself."""
+        return self.data.replace(SEED_FIELD, str(seed)) if self.data and SEED_FIELD in self.data else self.data
 
     @property
     def development(self) -> bool:
@@ -184,7 +198,7 @@ def plan_cells(spec: CompareSpec, quiet: bool = True) -> tuple[list[Cell], dict[
     task.progress = not quiet
     cells, counts = [], {}
     for seed in spec.seeds:
-        groups = task.split_groups(task.read(spec.data, seed))
+        groups = task.split_groups(task.read(spec.data_for(seed), seed))
         counts[str(seed)] = len(set(groups))
         for fold, split in enumerate(fold_splits(groups, spec.folds, seed, spec.val_share)):
             cells += [Cell(method, fold, seed, split) for method in spec.methods]
@@ -201,11 +215,12 @@ def plan_cells(spec: CompareSpec, quiet: bool = True) -> tuple[list[Cell], dict[
 
 def fixed_data(spec: CompareSpec) -> bool:
     """Whether every seed of ``spec`` reads the same data (`workbench.run.fingerprint.data_source`: one file or folder,
-    or one generator setting that ignores the seed): its seeds only re-partition and retrain on one dataset, so its
-    intervals are conditional on that dataset."""
+    or one generator setting that ignores the seed; not a path holding `SEED_FIELD`): its seeds only re-partition and
+    retrain on one dataset, so its intervals are conditional on that dataset."""
     from workbench.run.fingerprint import data_source
 
-    return len({str(data_source(spec.data, spec.domain, spec.task_options, seed)) for seed in spec.seeds}) == 1
+    sources = {str(data_source(spec.data_for(seed), spec.domain, spec.task_options, seed)) for seed in spec.seeds}
+    return len(sources) == 1
 
 
 def cell_request(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | None, threads: int | None) -> Any:
@@ -229,6 +244,7 @@ def cell_request(spec: CompareSpec, cell: Cell, run_dir: Path, rate: float | Non
         "patience": epochs if spec.budget == "steps" else spec.patience,
         "learning_rate": rate,
         "seed": cell.seed,
+        "data": spec.data_for(cell.seed),
         "threads": threads,
         "task_options": dict(spec.task_options),
         "method_options": dict(spec.method_options.get(cell.method, {})),

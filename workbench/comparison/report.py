@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from workbench.comparison import statistics
-from workbench.comparison.design import DEVELOPMENT_SEEDS_BELOW, FIRST_REPORTED_SEED
+from workbench.comparison.design import DEVELOPMENT_SEEDS_BELOW, FIRST_REPORTED_SEED, SEED_FIELD
 from workbench.comparison.rules import (  # noqa: F401 (the report's names since 0.1)
     CLAIM_KINDS,
     Claim,
@@ -189,8 +189,12 @@ def seeds_line(comparison: Mapping[str, Any]) -> str | None:
 
 
 def dataset_line(comparison: Mapping[str, Any]) -> str | None:
-    """The sentence a comparison whose every unit re-partitions one fixed dataset carries (None otherwise): its
-    intervals are conditional on this dataset."""
+    """The sentence a comparison whose every unit re-partitions one fixed dataset carries (its intervals are
+    conditional on this dataset), or one whose seeds each read their own (`workbench.comparison.design.SEED_FIELD`);
+    None otherwise."""
+    data = comparison["spec"].get("data") or ""
+    if SEED_FIELD in data:
+        return f"One dataset per seed (`{data}`): the intervals cover new data as well as new partitions."
     if not comparison.get("fixed_data"):
         return None
     return ("Conditional on this dataset: every seed re-partitions and retrains on the same data, so the intervals "

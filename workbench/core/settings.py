@@ -157,7 +157,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("method", str, None, "adaptation method (default: the task's)", ("adapt",), "METHOD"),
     Setting("baselines", _names, None, "comma-separated methods run beside it, METHOD or METHOD@MODEL (default: the "
             "task's); '' for none", ("adapt",), "METHODS"),
-    Setting("data", str, None, "your data (default: the task's embedded data)", ("adapt", "compare"), "PATH"),
+    Setting("data", str, None, "your data (default: the task's embedded data); compare: a path holding {seed} "
+            "reads one dataset per seed", ("adapt", "compare"), "PATH"),
     Setting("model", str, None, "a registered model (`workbench list`) or a checkpoint file (default: the task's "
             "model)", ("adapt", "compare"), "MODEL"),
     Setting("trust_checkpoint", bool, False, "allow loading a checkpoint that is a full pickle (it can run code)",
