@@ -178,7 +178,7 @@ def medvl_comprehension(subjects: int = MEDVL_SUBJECTS, out: Path = MEDVL_DATA) 
     written once into ``out`` (`medvl_hlora.subset`)."""
     from workbench.domains.medvl.generate import COMPREHENSION_TASKS
 
-    return subset(subjects, out, tasks=COMPREHENSION_TASKS)
+    return subset(subjects=subjects, out=out, tasks=COMPREHENSION_TASKS)
 
 
 def sleep_cohort() -> Path:

@@ -5,17 +5,19 @@ LoRA plug-ins (and MoELoRA, the same function), at about plain LoRA's training t
 1. **Quality** (`BENCHMARK`, on `workbench compare`): ``hlora`` (three stages: align, embed, adapt, each ``epochs``
    long; the reference) beside ``hlora-mixed`` (one mixed stage at the three stages' updates per parameter group,
    ``--updates generation-matched``: `workbench.adaptation.hlora.HLoRAMixed` says what is equal and what is not)
-   and ``hlora-lora`` (plain LoRA plug-ins of the same total rank, the same three stages), on grouped folds of the
-   first `SUBJECTS` subjects of the embedded data (`subset`, written once into ``runs/medvl_hlora-data/``). Scores
-   on the test records: SSIM / PSNR of the generated images, closed-VQA accuracy, open-answer recall, report
-   findings F1; each cell also records the optimizer updates of each parameter group (``updates_*``).
+   and ``hlora-lora`` (plain LoRA plug-ins of the same total rank, the same three stages), on grouped folds of
+   `SUBJECTS` subjects of the embedded data, a disjoint block of them per seed (`subset`: seed ``s`` reads block
+   ``s − 199`` of the 4, written once into ``runs/medvl_hlora-data/``; block 0 served development and the spent
+   seeds 100–102, and serves ``--dev``), so the seeds' intervals cover new subjects, not only new partitions of
+   one set. Scores on the test records: SSIM / PSNR of the generated images, closed-VQA accuracy, open-answer
+   recall, report findings F1; each cell also records the optimizer updates of each parameter group (``updates_*``).
 2. **Costs** (`costs`, not a fold comparison; ``--costs``; ``results/medvl_hlora_costs.json``): the step time of
    H-LoRA, MoELoRA and plain LoRA plug-ins against ``k`` (one process, side by side: HealthGPT reports H-LoRA at
    1.00× LoRA and MoELoRA at 1.22 / 1.49 / 2.09× for k = 2 / 4 / 8), and comprehension before and after the
    generation plug-in is trained (its own plug-in, H-LoRA, or one adapter shared by both skills; seed 0).
 
-    python benchmarks/medvl_hlora.py                  # quality: 3 entries × 2 folds × seeds 100-102
-    python benchmarks/medvl_hlora.py --dev            # seeds 0, 1 (development; no results file)
+    python benchmarks/medvl_hlora.py                  # quality: 3 entries × 2 folds × seeds 200-202
+    python benchmarks/medvl_hlora.py --dev            # seeds 0, 1 on block 0 (development; no results file)
     python benchmarks/medvl_hlora.py --costs          # step time against k; comprehension kept
     python benchmarks/medvl_hlora.py --costs --table  # the tables of the saved costs
 """
@@ -44,15 +46,17 @@ from workbench.core.checkpoint import write_json
 HERE = Path(__file__).parent
 COSTS = HERE / "results" / "medvl_hlora_costs.json"
 EMBEDDED = HERE.parent / "domains" / "medvl" / "embedded"
-#: Subjects of the embedded data compared (of 128; 8 records each), and where their records are written.
+#: Subjects of the embedded data in one seed's block (of 128; 8 records each), and where each block is written.
 SUBJECTS = 32
-DATA = Path("benchmarks") / "runs" / "medvl_hlora-data" / f"subjects{SUBJECTS}"
+DATA = "benchmarks/runs/medvl_hlora-data/subjects" + str(SUBJECTS) + "-seed{seed}"
+#: Seeds of the reported run; a reported seed ``s`` reads block ``s − 199``, a development seed block 0 (`block_of`).
+SEEDS = (200, 201, 202)
 EPOCHS = 3
 
 BENCHMARK = Benchmark(
     name="medvl_hlora",
-    spec=CompareSpec("medvl", ("hlora", "hlora-mixed", "hlora-lora"), folds=2, seeds=(100, 101, 102), epochs=EPOCHS,
-                     batch_size=8, data=str(DATA), method_options={"hlora-mixed": {"updates": "generation-matched"}}),
+    spec=CompareSpec("medvl", ("hlora", "hlora-mixed", "hlora-lora"), folds=2, seeds=SEEDS, epochs=EPOCHS,
+                     batch_size=8, data=DATA, method_options={"hlora-mixed": {"updates": "generation-matched"}}),
     metrics=("ssim", "psnr_db", "closed_accuracy", "open_recall", "report_f1"),
     names={"hlora": "H-LoRA, three stages", "hlora-mixed": "H-LoRA, one mixed stage (equal updates)",
            "hlora-lora": "LoRA plug-ins (same rank), three stages"},
@@ -73,12 +77,12 @@ BENCHMARK = Benchmark(
         "stages (the comprehension side has 1.3× more); total steps differ (90 vs 51). MoELoRA is not run: from the "
         "same initial values it computes the same function as H-LoRA, with the same gradients and Adam updates "
         "(float64, to 1e-10: tests/test_hlora.py), so only its time differs (1.6–2.8× H-LoRA's step, see the "
-        "step-time table). Cut to fit this shared 2-core machine (the run took 36 min at 1 worker / 1 thread): the "
-        "first 32 of the 128 subjects (about 104 training, 24 validation and 128 test records per cell), 2 folds × "
-        "3 seeds, 3 epochs per stage, batch 8. Not trained to convergence: the last stage's validation loss still fell "
-        "2–5 % in its final epoch and every cell kept its final epoch. Generation did not learn at this budget, nor at "
-        "the largest tried (6 epochs per stage on 152 records, 258 steps, dev seed 0: SSIM 0.18 / 0.20, untrained "
-        "0.16): PSNR is below the untrained model's in all 18 cells (9.3 vs 11.7 dB) and the three entries' PSNR agree "
+        "step-time table). Cut to fit this shared 2-core machine: 32 of the 128 subjects per seed, a disjoint "
+        "block each (about 104 training, 24 validation and 128 test records per cell), 2 folds × 3 seeds, 3 epochs "
+        "per stage, batch 8. Not trained to convergence: the last stage's validation loss still fell 0.3–8 % in its "
+        "final epoch and every cell kept its final epoch. Generation did not learn at this budget, nor at the largest "
+        "tried (6 epochs per stage on 152 records, 258 steps, dev seed 0: SSIM 0.18 / 0.20, untrained "
+        "0.16): PSNR is below the untrained model's in all 18 cells (7.8 vs 11.7 dB) and the three entries' PSNR agree "
         "to 0.01 dB in 2 of 6 (fold, seed) pairs, so the two SSIM claims are not tested by this run. The earlier "
         "seed-0 run that did generate (mixed SSIM 0.51 vs three stages 0.39) took about 4× these updates on ~540 "
         "records, with the mixed stage at 2.4–3× the updates of the three stages."
@@ -86,10 +90,19 @@ BENCHMARK = Benchmark(
 )  # fmt: skip
 
 
-def subset(subjects: int = SUBJECTS, out: Path = DATA, tasks: Collection[str] | None = None) -> Path:
-    """The records of the first ``subjects`` subjects of the embedded data (three quarters from its
-    ``train.json``, a quarter from its ``test.json``; compare pools and re-splits them by group), of the record
-    kinds ``tasks`` (None: all), and their images, written once into ``out``."""
+def block_of(seed: int) -> int:
+    """The block of subjects seed ``seed`` reads: ``seed − 199`` for a reported seed (1–3), 0 for a development one."""
+    return seed - 199 if seed >= 200 else 0
+
+
+def subset(seed: int = 0, subjects: int = SUBJECTS, out: Path | None = None,
+           tasks: Collection[str] | None = None) -> Path:  # fmt: skip
+    """The records of block `block_of` ``seed`` of ``subjects`` subjects of the embedded data (three quarters from
+    its ``train.json``, a quarter from its ``test.json``, each split's subjects in sorted order cut into consecutive
+    blocks; compare pools and re-splits them by group), of the record kinds ``tasks`` (None: all), and their images,
+    written once into ``out`` (default: `DATA` of the seed)."""
+    block = block_of(seed)
+    out = Path(DATA.replace("{seed}", str(seed))) if out is None else out
     if (out / "test.json").is_file():
         return out
     partial = out.with_name(out.name + ".partial")
@@ -97,7 +110,10 @@ def subset(subjects: int = SUBJECTS, out: Path = DATA, tasks: Collection[str] | 
     (partial / "images").mkdir(parents=True)
     for split, share in (("train", subjects * 3 // 4), ("test", subjects - subjects * 3 // 4)):
         records = json.loads((EMBEDDED / f"{split}.json").read_text())
-        kept = set(sorted({r["subject"] for r in records})[:share])
+        available = sorted({r["subject"] for r in records})
+        if (block + 1) * share > len(available):
+            raise SystemExit(f"block {block} of {subjects} subjects: {split}.json holds {len(available)} subjects")
+        kept = set(available[block * share : (block + 1) * share])
         records = [r for r in records if r["subject"] in kept and (tasks is None or r["task"] in tasks)]
         (partial / f"{split}.json").write_text(json.dumps(records, indent=1))
         for image in {r[key] for r in records for key in ("image", "target_image") if r.get(key)}:
@@ -237,5 +253,6 @@ if __name__ == "__main__":
         costs([a for a in sys.argv[1:] if a != "--costs"])
     else:
         os.chdir(HERE.parent)  # the data path in the spec is relative to the repository
-        subset()
+        for seed in (0, 1) if "--dev" in sys.argv else SEEDS:
+            subset(seed)
         run(BENCHMARK)
