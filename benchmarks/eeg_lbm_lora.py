@@ -33,12 +33,17 @@ The backbones are pretrained on another generator configuration than the test co
   measures why; card labram-benchmark-backbones).
 
 The data (card eeg-lbm-lora-cohorts), generated deterministically into ``benchmarks/runs/eeg_lbm_lora-data/`` by
-`cohort` through the domain's generators (real EDF files), not shipped (≈ 36 MB each):
+`cohort` through the domain's generators (real EDF files), not shipped (≈ 36 MB each), one cohort per seed (the
+generator's seed is the comparison's: each unit draws new subjects, none of them the backbones' seed-7 ones, so the
+intervals cover new cohorts, not only new partitions of one):
 
-* ``sleepedf``: 30 nights of 5 sleep cycles (64–70 scored 30-s epochs each; `generate_sleep_edf`, seed 11, the
-  embedded set's configuration with ``cycles=5``);
+* ``sleepedf``: 30 nights of 5 sleep cycles (64–70 scored 30-s epochs each; `generate_sleep_edf`, the embedded
+  set's configuration with ``cycles=5``);
 * ``motor-imagery``: 30 EEGMMIDB subjects with left/right imagery runs 4, 8, 12 of 18 trials (54 windows each;
-  `generate_motor_imagery`, seed 11, difficulty 0.35).
+  `generate_motor_imagery`, difficulty 0.35).
+
+Results before the cohorts were drawn per seed (one cohort of generator seed 11 re-partitioned by every seed) are in
+the git history of ``results/eeg_lbm_lora_<task>.json``.
 
     python benchmarks/eeg_lbm_lora.py                   # both tasks (sleep, then motor imagery)
     python benchmarks/eeg_lbm_lora.py --only sleep      # one of them
@@ -58,9 +63,12 @@ from claims import HERE, Benchmark, run
 from workbench.comparison.design import CompareSpec
 from workbench.comparison.report import Claim
 
-#: Generated data of each task (seed 11: subjects the backbones never saw), relative to the repository.
-DATA_SEED = 11
+#: Subjects of each generated cohort (one per seed: `cohort`), and where the cohorts are written (relative to the
+#: repository).
 SUBJECTS = 30
+SEEDS = (200, 201, 202)
+#: The one cohort `eeg_lbm_lora_probe.py` and `lora_family.py` re-partition (generator seed 11).
+FIXED_SEED = 11
 DATA = Path("benchmarks") / "runs" / "eeg_lbm_lora-data"
 #: Sleep cycles per generated night (`workbench.domains.eeg.sleep_simulator.SleepCohort.cycles`).
 SLEEP_CYCLES = 5
@@ -106,24 +114,25 @@ METRIC = "balanced_accuracy"
 NOT_WORSE = 0.02
 
 
-def cohort(task: str) -> Path:
-    """The generated 30-subject set of ``task`` under `DATA` (written once; the generators are seeded)."""
+def cohort(task: str, seed: int = FIXED_SEED) -> Path:
+    """The generated 30-subject set of ``task`` for the comparison's seed ``seed`` (the generator's seed), under
+    `DATA` (written once)."""
     from workbench.domains.eeg.generate import generate_motor_imagery, generate_sleep_edf
     from workbench.domains.eeg.sleep_simulator import SleepCohort
 
-    folder = folder_of(task)
+    folder = Path(folder_of(task).replace("{seed}", str(seed)))
     if folder.is_dir():  # written atomically: a folder that exists is complete
         return folder
     if task == "sleepedf":
-        return generate_sleep_edf(folder, seed=DATA_SEED, subjects=SUBJECTS, cohort=SleepCohort(cycles=SLEEP_CYCLES))
-    return generate_motor_imagery(folder, seed=DATA_SEED, subjects=SUBJECTS, runs=MI_RUNS, trials_per_run=MI_TRIALS)
+        return generate_sleep_edf(folder, seed=seed, subjects=SUBJECTS, cohort=SleepCohort(cycles=SLEEP_CYCLES))
+    return generate_motor_imagery(folder, seed=seed, subjects=SUBJECTS, runs=MI_RUNS, trials_per_run=MI_TRIALS)
 
 
-def folder_of(task: str) -> Path:
-    """Where `cohort` writes ``task``'s set (relative to the repository)."""
+def folder_of(task: str) -> str:
+    """Where `cohort` writes ``task``'s set of each seed, a path holding ``{seed}`` (relative to the repository)."""
     if task == "sleepedf":
-        return DATA / f"sleepedf-seed{DATA_SEED}-{SUBJECTS}subjects-{SLEEP_CYCLES}cycles"
-    return DATA / f"motor-imagery-seed{DATA_SEED}-{SUBJECTS}subjects-{MI_TRIALS}trials"
+        return str(DATA / f"sleepedf-seed{{seed}}-{SUBJECTS}subjects-{SLEEP_CYCLES}cycles")
+    return str(DATA / f"motor-imagery-seed{{seed}}-{SUBJECTS}subjects-{MI_TRIALS}trials")
 
 
 def pretrain_backbones() -> None:
@@ -150,13 +159,13 @@ def spec(task: str) -> CompareSpec:
         ENTRIES[task],
         reference="full",
         folds=3,
-        seeds=(200, 201, 202),
+        seeds=SEEDS,
         budget="steps",
         epochs=EPOCHS[task],
         lr_grid=LR_GRID,
         train_size=TRAIN_WINDOWS[task],
         val_size=VAL_WINDOWS,
-        data=str(folder_of(task)),
+        data=folder_of(task),
         model=str(BACKBONES[task]),
         method_options={label: options for label, options in MATCHED.items() if label in ENTRIES[task]},
     )
@@ -223,7 +232,8 @@ def main(argv: list[str]) -> None:
         return
     for key, benchmark in BENCHMARKS.items():
         if args.only in (None, key):
-            cohort(benchmark.spec.domain)
+            for seed in (0, 1) if "--dev" in rest else benchmark.spec.seeds:
+                cohort(benchmark.spec.domain, seed)
             run(benchmark, rest)
 
 
