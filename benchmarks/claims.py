@@ -192,30 +192,75 @@ def coverage_summary(result: dict[str, Any]) -> str:
 
 
 def conformal_shift_summary(result: dict[str, Any]) -> str:
-    """The rendered block of ``results/conformal_shift.json``: target coverage and set size of each kind of conformal
-    set, the shift alarm's rates, the claim's verdict (`benchmarks/conformal_shift.py`)."""
+    """The rendered block of ``results/conformal_shift.json``: target coverage, set size and empty sets of each kind
+    of conformal set, the same for weights fitted on service-size batches, the beat-level and patient-level shift
+    alarms' rates, the claims' verdicts (`benchmarks/conformal_shift.py`)."""
     summary, seeds = result["summary"], result["seeds"]
+
+    def cell(value: dict[str, float], digits: int = 3) -> str:
+        return f"{value['mean']:.{digits}f} [{value['low']:.{digits}f}, {value['high']:.{digits}f}]"
+
     lines = [
         f"`python benchmarks/conformal_shift.py`: physio generator, source {result['source_noisy']:.0%} / target "
         f"{result['target_noisy']:.0%} noisy subjects ({result['noise_mv']['clean']} / {result['noise_mv']['noisy']} "
         f"mV RMS), {result['subjects']['calibration']} calibration and {result['subjects']['target']} target subjects "
         f"per unit; {len(seeds)} units (seeds {seeds[0]}–{seeds[-1]}); nominal coverage {1 - result['alpha']:.0%}. "
-        "Mean over units [95 % t interval over units].",
+        f"Mean over units [95 % t interval over units]; {result['seconds']:.0f} s in all.",
         "",
-        "| conformal sets | target coverage | mean set size |",
-        "|---|---|---|",
+        "| conformal sets (weights from all target beats) | target coverage | mean set size | empty sets |",
+        "|---|---|---|---|",
     ]
     for name, c in summary["coverage"].items():
-        s = summary["set_size"][name]
-        lines.append(f"| {name} | {c['mean']:.3f} [{c['low']:.3f}, {c['high']:.3f}] | {s['mean']:.2f} "
-                     f"[{s['low']:.2f}, {s['high']:.2f}] |")  # fmt: skip
-    lines += ["", "| shift alarm (MMD, α = 0.05) | alarm rate |", "|---|---|"]
-    for name, a in summary["alarm_rate"].items():
-        lines.append(f"| {name}, batches of {result['batch']} beats | {a['mean']:.3f} [{a['low']:.3f}, "
-                     f"{a['high']:.3f}] |")  # fmt: skip
+        lines.append(f"| {name} | {cell(c)} | {cell(summary['set_size'][name], 2)} | "
+                     f"{cell(summary['empty_set_rate'][name])} |")  # fmt: skip
+    lines += ["", f"Weights at service size: weighted ({result['density_ratio']}) sets whose weights are fitted "
+                  f"between the calibration beats and one batch of random target beats alone (no window: a service "
+                  f"request of b items with w items in its caller's window is a batch of b + w here); "
+                  f"{result['service_batches']} batches per size and unit; seconds per batch (weights, quantiles, "
+                  "sets; mean over units, a shared 2-core machine): " + ", ".join(
+                      f"{_mean_seconds(result, f'weights_per_batch_{size}'):.2f} ({size})"
+                      for size in summary["service_size"]) + ".", "",
+              "| batch (target beats) | target coverage | mean set size | empty sets |",
+              "|---|---|---|---|"]  # fmt: skip
+    for size, facts in summary["service_size"].items():
+        lines.append(f"| {size} | {cell(facts['coverage'])} | {cell(facts['mean_set_size'], 2)} | "
+                     f"{cell(facts['empty_set_rate'])} |")  # fmt: skip
+    name = "weighted (logistic DRE)"
+    beats = [u["beats"]["target"] for u in result["units"]]
+    lines.append(f"| all (~{round(sum(beats) / len(beats), -2):,.0f}) | "
+                 f"{cell(summary['coverage'][name])} | {cell(summary['set_size'][name], 2)} | "
+                 f"{cell(summary['empty_set_rate'][name])} |")  # fmt: skip
+    pool = result["subjects"]["pool"]
+    smaller = dict.fromkeys(key.split(" | ")[0] for key in summary["alarm_rate"] if ", pool of " in key)
+    lines += ["", f"Shift alarm (MMD², α = {result['alarm_alpha']}, {result['permutations']} draws): beat-level "
+                  "(`mmd_test`: null by relabelling reference and batch beats; reference: 500 training beats) and "
+                  f"patient-level (`patient_test`: null from pseudo-batches of {pool} held-out source subjects, none "
+                  "in training or calibration" + "".join(f"; \"{test}\": calibrated on {test.split()[-1]} of them "
+                                                         "only" for test in smaller) + "). Random-beat rows: "
+                  f"{result['batches']} batches per unit (beat-level), "
+                  f"{result['patient_batches']} (patient-level); subject rows: {result['patient_batches']}. Alarm "
+                  "rate: mean over units [the union of the 95 % t interval over units and the exact interval of "
+                  "all batches] (alarms of batches). Seconds per test (mean over units): beat-level "
+                  f"{_mean_seconds(result, 'beat-level_per_test'):.2f}, patient-level "
+                  f"{_mean_seconds(result, 'patient-level_per_test'):.2f}.", "",
+              "| alarm | batches | data | alarm rate |", "|---|---|---|---|"]  # fmt: skip
+    rows = [key.split(" | ") for key in summary["alarm_rate"]]  # test, data, batch; grouped by data, then batch
+    first = {value: index for index, value in reversed(list(enumerate(v for row in rows for v in row)))}
+    for test, data, batch in sorted(rows, key=lambda row: (first[row[1]], first[row[2]], first[row[0]])):
+        a = summary["alarm_rate"][f"{test} | {data} | {batch}"]
+        lines.append(f"| {test} | {batch} | {data} | {cell(a)} ({a['alarms']} of {a['batches']}) |")
     lines += ["", f"Claim: weighted (logistic DRE) coverage within {result['band'] * 100:.0f} points of nominal "
-                  f"where split coverage misses by more — **{summary['verdict']}**."]  # fmt: skip
+                  f"where split coverage misses by more — **{summary['verdict']}**.", "",
+              f"Claim: patient-level false alarms ≤ {result['alarm_alpha']:.0%} on new subjects of the source site "
+              f"({summary['patient_claim'].split(' | ')[2]}, null from {pool} held-out subjects; holds when the "
+              f"interval's upper end is ≤ {result['alarm_alpha']}, does not hold when its lower end is above) — "
+              f"**{summary['patient_verdict']}**."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _mean_seconds(result: dict[str, Any], key: str) -> float:
+    """Mean over a results file's units of one of their ``seconds`` entries."""
+    return sum(u["seconds"][key] for u in result["units"]) / len(result["units"])
 
 
 def _named(text: str, names: dict[str, str]) -> str:
