@@ -183,6 +183,8 @@ UNRUN = {
     ("README.md", '-m "not slow"'): "the default suite itself: .ci/run runs this line (checked above)",
     ("README.md", "python -m pytest -q -m slow"): "the slow suite itself",
     ("README.md", "mkdocs serve    #"): "a documentation server that runs until stopped (the docs extra)",
+    ("docs/clinical.md", 'curl -H "Authorization: Bearer $TOKEN" -o dashboard.html'): "a running server's page; "
+    "tests/test_dashboard.py fetches it from a live server, and its workbench command is parsed",
     ("docs/clinical.md", "--audit-heads /mnt/records/"): "a user's run, records and heads disk; the README's clinical "
     "block runs the same steps",
     ("docs/domains/medvl.md", "python benchmarks/medvl_hlora.py"): "a benchmark run (minutes); its workbench "

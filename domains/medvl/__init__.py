@@ -24,7 +24,15 @@ from workbench.domains.medvl.generate import (
     report_text,
     sample_subject,
 )
-from workbench.domains.medvl.readers import LAYOUTS, ReadReport, VlSample, detect_layout, read_folder, read_json
+from workbench.domains.medvl.readers import (
+    LAYOUTS,
+    ReadReport,
+    VlSample,
+    detect_layout,
+    read_folder,
+    read_json,
+    read_questions,
+)
 
 __all__ = [
     "COMPREHENSION_TASKS",
@@ -37,6 +45,7 @@ __all__ = [
     "QUADRANTS",
     "read_folder",
     "read_json",
+    "read_questions",
     "ReadReport",
     "render",
     "report_findings",

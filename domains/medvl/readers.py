@@ -35,6 +35,9 @@ keeps the questions in ``language`` (``q_lang`` "en" by default; "zh", or "all")
 `ReadReport` passed in, and logged. Python pickles (PathVQA's ``qas/*/*.pkl``) are refused, never loaded: loading a
 pickle runs whatever code it holds (the card ``pathvqa`` says how to export them to JSON).
 
+Batch prediction reads a questions file instead (`read_questions`): the same records' image and question keys,
+answers not needed.
+
 The readers do not load images (the task does, with `workbench.domains.medvl.images.load_image`); they check that
 every image file exists and lies inside the data folder (the folder given, or the JSON's folder; links followed,
 and every file of a DICOM series folder too): a record naming an image outside it (``../../x.png``, an absolute
@@ -433,6 +436,74 @@ def read_json(
         raise UserError(
             f"{path}: no usable record ({len(records)} read, {bad} bad, {dropped} not in language '{language}')"
         )
+    return samples
+
+
+#: The keys a questions file's record may name its image by (VQA-RAD's, SLAKE's, PathVQA's and LLaVA's), and its id.
+QUESTION_IMAGE_KEYS = ("image_name", "img_name", "image")
+QUESTION_ID_KEYS = ("qid", "id")
+
+
+def read_questions(path: str | Path, *, data_folder: str | Path | None = None,
+                   allow_outside: bool = False) -> list[VlSample]:  # fmt: skip
+    """The questions of a questions file for batch prediction (``workbench predict``, the service): a JSON list of
+    records in any of `LAYOUTS`, answers not needed (and ignored when present).
+
+    A record names its image by ``image_name`` (VQA-RAD), ``img_name`` (SLAKE) or ``image`` (PathVQA, LLaVA: a path
+    or a list of one), looked for beside the file, then in its ``images/``, ``imgs/`` and ``VQA_RAD Image Folder/``;
+    its question is ``question``, or each human turn of LLaVA's ``conversations`` (one sample per turn, ``<image>``
+    dropped); its id is ``qid`` or ``id`` (else ``<file stem>-<index>``; ``-<turn>`` added per LLaVA turn). Samples
+    come in file order, with task ``vqa-closed`` and an empty answer.
+
+    Raises:
+        UserError: the file is not a JSON list of objects, or a record's question or image field is missing or
+            empty, or names an image that does not exist (a `BadRecordError` naming the file, the record and the
+            field), or one outside ``data_folder`` (default: the file's folder) without ``allow_outside``.
+    """
+    path = Path(path)
+    records = _load(path)
+    if not isinstance(records, list) or not records:
+        found = f"a {type(records).__name__}" if not isinstance(records, list) else "an empty list"
+        raise UserError(f"{path}: expected a JSON list of question records, found {found}")
+    base = path.parent
+    root = Path(data_folder) if data_folder is not None else base
+    samples: list[VlSample] = []
+    for index, data in enumerate(records):
+        rec = _Record(path, index, data, next((k for k in QUESTION_ID_KEYS if isinstance(data, dict) and k in data),
+                                              None), root=root, allow=allow_outside)  # fmt: skip
+        key = next((k for k in QUESTION_IMAGE_KEYS if k in rec.data), None)
+        if key is None:
+            raise rec.error("image_name", f"an image file name (one of the fields {', '.join(QUESTION_IMAGE_KEYS)})",
+                            f"none (keys {sorted(rec.data)})")  # fmt: skip
+        name = rec.data[key]
+        if isinstance(name, list) and len(name) == 1:
+            name = name[0]
+        if not isinstance(name, str) or not name.strip():
+            raise rec.error(key, "an image file name", f"{name!r:.60}")
+        folders = [base, base / "images", base / "imgs", base / "VQA_RAD Image Folder"]
+        image = rec.image(key, [Path(name.strip())] if Path(name.strip()).is_absolute() else
+                          [folder / name.strip() for folder in folders])  # fmt: skip
+        base_id = rec.id or f"{path.stem}-{index}"
+        if "conversations" in rec.data and "question" not in rec.data:
+            turns = rec.data["conversations"]
+            if not isinstance(turns, list) or not turns:
+                raise rec.error("conversations", "a list of human/gpt turns", f"{turns!r:.60}")
+            asked = []
+            for i, turn in enumerate(turns):
+                if isinstance(turn, dict) and turn.get("from") == "human":
+                    value = turn.get("value")
+                    text = " ".join(value.replace(IMAGE_TOKEN, " ").split()) if isinstance(value, str) else ""
+                    if not text:
+                        raise rec.error(f"conversations[{i}].value", "a question besides the image token", "none")
+                    asked.append(text)
+            if not asked:
+                raise rec.error("conversations", "at least one human turn (a question)", "none")
+        else:
+            asked = [rec.text("question")]
+        for k, question in enumerate(asked):
+            sid = base_id if len(asked) == 1 else f"{base_id}-{k}"
+            samples.append(VlSample(sid, "vqa-closed", image, question, "", None, f"{path} record {index} ({sid})",
+                                    subject=name.strip()))  # fmt: skip
     return samples
 
 

@@ -46,6 +46,14 @@ sub-task ``ssim_*`` / ``psnr_db_*`` of the decoded image against the target (dat
 their means; ``ssim_vq_ceiling`` is the SSIM of the targets passed through the VQ tokenizer alone (the best any
 token sequence can do). Sub-tasks absent from the data are left out of the metrics.
 
+Closed answers (`workbench.domains.medvl.closed`): the run's ``classes`` are the distinct closed answers of its
+training split (its task state). `evaluate` ranks them for every closed question whose reference is one of them
+(``probabilities`` (n, K), ``truth``, ``probabilities_item``: their places among the items; the model's likelihood
+of each answer, normalised over the classes); `workbench.clinical.fit.fit_run` fits the clinical layer on them.
+Decoding inside `evaluate` runs with the head's hooks silent, so the head's input features the shift alarm takes are
+one row per closed question. ``workbench predict`` / ``serve`` (`MedVLTask.predict_folder`): a folder
+with one questions file (`workbench.domains.medvl.readers.read_questions`) and its images, one row per question.
+
 Shapes:
     a sample's ``image`` / ``target`` (1, 64, 64) float32 in [0, 1], ``codes`` (8, 8) int64.
 """
@@ -54,7 +62,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +70,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 import torch
 from torch import nn
+from workbench.domains.medvl.closed import answer_classes, answer_probabilities, head_unobserved
+from workbench.domains.medvl.closed import normalised as _norm
 from workbench.domains.medvl.generate import COMPREHENSION_TASKS, GENERATION_TASKS, TASK_TYPES, report_findings
 from workbench.domains.medvl.images import MAX_IMAGE_PIXELS, MIN_IMAGE_PX, load_image
 from workbench.domains.medvl.readers import (
@@ -71,6 +80,7 @@ from workbench.domains.medvl.readers import (
     VlSample,
     read_folder,
     read_json,
+    read_questions,
     split_by_phrase_type,
 )
 from workbench.models.medvl import KINDS, UNK, MedVLConfig
@@ -82,7 +92,7 @@ from workbench.core.model import spec_of
 from workbench.core.options import Option
 from workbench.core.records import BadRecordError, SkipReport
 from workbench.core.registry import tasks
-from workbench.core.task import Evaluation, Task, TaskData, held_out_groups, to_device
+from workbench.core.task import Evaluation, Predictions, Task, TaskData, held_out_groups, to_device
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +168,7 @@ class MedVLTask(Task):
     default_model = "medvl"
     default_method = "hlora"
     baselines = ()
-    capabilities = frozenset({"folds"})
+    capabilities = frozenset({"predict", "folds"})
     group_kind = "subject or image"
     item_kind = "record"
     metrics = ("closed_accuracy", "open_recall", "report_f1", "ssim", "psnr_db")
@@ -359,7 +369,8 @@ class MedVLTask(Task):
         self.metrics = tuple(m for m, needs in METRIC_TASKS.items() if present & set(needs))
         notes = [METRIC_NOTES[m] for m in self.metrics if m in METRIC_NOTES]
         self.metrics_note = f"Scores on the test records, higher is better: {'; '.join(notes)}."
-        return TaskData(train, val, test, raw.source, summary), {"kinds": list(kinds)}
+        self.classes = answer_classes(item.answer for item in train if item.task == "vqa-closed")
+        return TaskData(train, val, test, raw.source, summary), {"kinds": list(kinds), "classes": self.classes}
 
     @staticmethod
     def _serve_kinds(model: nn.Module, splits: Mapping[str, Sequence[VlSample]]) -> tuple[str, ...]:
@@ -371,6 +382,12 @@ class MedVLTask(Task):
     def restore(self, model: nn.Module, state: Mapping[str, Any]) -> None:
         """The kinds of batch the run's data held (``model.kinds``; runs written before it: both)."""
         model.kinds = tuple(state.get("kinds", KINDS))
+        self.classes = list(state.get("classes", []))
+
+    def use_run_state(self, state: Mapping[str, Any]) -> None:
+        """The run's closed answer set (``classes``), which `evaluate` ranks on the data a finished run reads
+        (``workbench evaluate``, ``workbench calibrate``)."""
+        self.classes = list(state.get("classes", []))
 
     def test_samples(self, model: nn.Module, raw: VlData) -> list[VlItem]:
         self._model = model
@@ -412,7 +429,8 @@ class MedVLTask(Task):
         for start in range(0, len(comprehension), size):
             chunk = comprehension[start : start + size]
             images = torch.stack([item.image for item in chunk]).to(device)
-            answers += model.answer(images, [item.question for item in chunk], self.config["max_answer_words"])
+            with head_unobserved(model):  # decoding's head calls are not features (`closed`)
+                answers += model.answer(images, [item.question for item in chunk], self.config["max_answer_words"])
         by_task: dict[str, list[tuple[VlItem, str]]] = {}
         for item, answer in zip(comprehension, answers):
             by_task.setdefault(item.task, []).append((item, answer))
@@ -439,7 +457,8 @@ class MedVLTask(Task):
             for start in range(0, len(chosen), size):
                 chunk = chosen[start : start + size]
                 images = torch.stack([item.image for item in chunk]).to(device)
-                made.append(model.generate_images(images, [item.question for item in chunk]).float().cpu())
+                with head_unobserved(model):
+                    made.append(model.generate_images(images, [item.question for item in chunk]).float().cpu())
                 targets.append(torch.stack([item.target for item in chunk]))
                 inputs.append(images.cpu())
             made, target = torch.cat(made).clamp(0, 1), torch.cat(targets)
@@ -461,7 +480,24 @@ class MedVLTask(Task):
                 metrics["ssim_vq_ceiling"] = float(structural_similarity_index_measure(ceiling, target, data_range=1.0))
         if ssim_all:
             metrics["ssim"], metrics["psnr_db"] = float(np.mean(ssim_all)), float(np.mean(psnr_all))
+        predictions.update(self._closed_predictions(model, samples, position))  # last: its head calls are the features
         return Evaluation(metrics, predictions, np.array([item.group for item in samples]))
+
+    def _closed_predictions(self, model: nn.Module, samples: Sequence[VlItem],
+                            position: Mapping[int, int]) -> dict[str, np.ndarray]:  # fmt: skip
+        """The run's answer classes ranked for each closed question whose reference answer is one of them
+        (`workbench.domains.medvl.closed`): ``probabilities`` (n, K), ``truth`` (n,) class indices,
+        ``probabilities_item`` (n,) their places in ``samples``; nothing when the run has no classes or no such
+        question. They are what the clinical layer (`workbench.clinical.fit`) fits."""
+        classes = list(getattr(self, "classes", None) or [])
+        chosen = [item for item in samples if item.task == "vqa-closed" and _norm(item.answer) in classes]
+        if not chosen:
+            return {}
+        images = torch.stack([item.image for item in chosen])
+        probabilities = answer_probabilities(model, images, [item.question for item in chosen], classes)
+        return {"probabilities": probabilities,
+                "truth": np.array([classes.index(_norm(item.answer)) for item in chosen], np.int64),
+                "probabilities_item": np.array([position[id(item)] for item in chosen], np.int64)}  # fmt: skip
 
     def rescore(self, predictions: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
         """`evaluate`'s scores of resampled records: closed accuracy and open recall (means of the records'
@@ -503,6 +539,61 @@ class MedVLTask(Task):
         if made:
             figures.append(("Generated images: input, target and each method's output, per sub-task", made))
         return figures
+
+    # -- batch prediction ------------------------------------------------------------------------
+    def predict_folder(self, model: nn.Module, folder: Path, state: Mapping[str, Any]) -> Predictions:
+        """Answer every question of the folder's questions file from the run's closed answer set: one row per
+        (image, question) with ``record`` (the image, relative to ``folder``), ``question_id``, ``question``,
+        ``status``, ``p_<answer>`` per class of the run (`workbench.domains.medvl.closed`) and ``predicted`` (the
+        most probable answer); ``facts["classes"]`` the run's answers.
+
+        The folder holds one questions file (``*.json``, `workbench.domains.medvl.readers.read_questions`) and the
+        images it names (PNG / JPEG / BMP / TIFF, DICOM, NIfTI; beside it or in ``images/``). An image that cannot be
+        read gets ``status`` "error: <why>" on each of its questions and empty scores; the others go on. A questions
+        file that is missing, malformed or names an image that does not exist is a `UserError` (file, record, field).
+        """
+        classes = list(state.get("classes") or [])
+        if not classes:
+            raise UserError(f"task 'medvl': this run's task state names no closed answers (its data held no closed "
+                            f"question, or it was made before batch prediction): {folder} cannot be answered")
+        folder = Path(folder)
+        files = sorted(p for p in folder.glob("*.json") if p.is_file())
+        if len(files) != 1:
+            found = ", ".join(p.name for p in files) or "none"
+            raise UserError(f"{folder}: expected one questions file (*.json: records with 'image_name' and "
+                            f"'question'), found {found}")  # fmt: skip
+        samples = read_questions(files[0], data_folder=folder, allow_outside=self.config["allow_paths_outside"])
+        size, images, problems = model.config.image_size, {}, {}
+        for sample in samples:
+            if sample.image in images or sample.image in problems:
+                continue
+            try:
+                images[sample.image] = load_image(sample.image, channels=1, size=size,
+                                                  max_pixels=self.config["max_image_pixels"])  # fmt: skip
+            except UserError as error:  # one line, without load_image's "field 'image': "
+                problems[sample.image] = " ".join(str(error).removeprefix("field 'image': ").split())
+        ok = [sample for sample in samples if sample.image in images]
+        model.eval()
+        probabilities = np.zeros((0, len(classes)))
+        if ok:
+            stacked = torch.stack([images[s.image] for s in ok])
+            probabilities = answer_probabilities(model, stacked, [s.question for s in ok], classes)
+        scored = {id(sample): p for sample, p in zip(ok, probabilities)}
+        columns = ["record", "question_id", "question", "status"] + [f"p_{c}" for c in classes] + ["predicted"]
+        rows = []
+        for sample in samples:
+            record = sample.image.relative_to(folder.resolve()) if sample.image.is_relative_to(folder.resolve()) \
+                else sample.image
+            row: dict[str, Any] = {"record": str(record), "question_id": sample.id, "question": sample.question}
+            if id(sample) not in scored:
+                rows.append({**row, "status": f"error: {problems[sample.image]}"})
+                continue
+            p = scored[id(sample)]
+            row["status"] = "ok"
+            row.update({f"p_{c}": f"{p[k]:.6f}" for k, c in enumerate(classes)})
+            row["predicted"] = classes[int(np.argmax(p))]
+            rows.append(row)
+        return Predictions(columns, rows, {"classes": classes, "questions_file": files[0].name})
 
     # -- data commands ---------------------------------------------------------------------------
     def generate(self, out: Path, seed: int | None = None, **options: Any) -> str:
@@ -582,10 +673,6 @@ def _coverage_note(splits: Mapping[str, Sequence[VlSample]]) -> str | None:
         f"medvl: the data hold only {', '.join(t for t in TASK_TYPES if t in held)}; absent: {', '.join(absent)}. "
         f"Left out because of it: {'; '.join(skipped)}."
     )
-
-
-def _norm(text: str) -> str:
-    return " ".join(re.findall(r"[a-z0-9]+", str(text).lower()))
 
 
 def _recall(reference: str, answer: str) -> float:

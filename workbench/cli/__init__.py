@@ -7,7 +7,7 @@ same command).
 `main` and `run` live here, with `COMMANDS`, the handler of each command; the parser is built and a command line
 parsed in `workbench.cli.parser` (the flags several commands share: `workbench.cli.flags`); each command's flags and
 handler live in its own module (``adapt``, ``compare``, ``evaluate``, ``predict``, ``data``, ``verify``, ``serve``
-with ``audit``, ``card``, ``pretrain``, ``listing`` for ``list``).
+with ``audit``, ``card``, ``calibrate``, ``pretrain``, ``listing`` for ``list``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,20 @@ import warnings
 from typing import Any, Callable, Sequence
 
 from workbench._forward import forwarder
-from workbench.cli import adapt, card, compare, data, evaluate, listing, predict, pretrain, serve, verify
+from workbench.cli import (
+    adapt,
+    calibrate,
+    card,
+    compare,
+    dashboard,
+    data,
+    evaluate,
+    listing,
+    predict,
+    pretrain,
+    serve,
+    verify,
+)
 from workbench.cli.parser import parse
 
 # Engine modules (torch among their imports) are imported where used: a mistyped task or method is refused before.
@@ -35,7 +48,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "verify": verify.run_verify,
     "serve": serve.run_serve,
     "audit": serve.run_audit,
+    "dashboard": dashboard.run_dashboard,
     "card": card.run_card,
+    "calibrate": calibrate.run_calibrate,
     "pretrain": pretrain.run_pretrain,
 }
 

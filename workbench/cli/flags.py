@@ -31,7 +31,7 @@ METAVARS = frozenset({
     "INT", "FLOAT", "TEXT", "SEED", "SEEDS", "RATES",  # numbers (SEEDS: 200,201 or 200-204), free text
     "TASK", "METHOD", "METHODS", "MODEL", "ENTRY", "METRIC", "METRICS", "STAGE", "ID", "A,B[,C]", "METHOD.OPTION=VALUE",
     "METHOD:NAME", "SHA256",  # names (SHA256: 64 hex digits)
-    "PATH", "DIR", "FILE", "RUN", "ADDRESS",  # files and places
+    "PATH", "DIR", "FILE", "RUN", "LAYER", "ADDRESS",  # files and places (LAYER: a calibration layer's folder)
     "COMMAND", "ACTION",  # sub-commands
 })  # fmt: skip
 

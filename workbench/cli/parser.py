@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workbench.cli.adapt import _add_adapt_command
+from workbench.cli.calibrate import _add_calibrate_command
 from workbench.cli.card import _add_card_command
 from workbench.cli.compare import _add_compare_command
+from workbench.cli.dashboard import _add_dashboard_command
 from workbench.cli.data import _add_data_commands
 from workbench.cli.evaluate import _add_evaluate_command
 from workbench.cli.flags import _OPTION_KINDS
@@ -178,6 +180,8 @@ def build_parser(chosen: dict[str, list[str]] | None = None) -> argparse.Argumen
     _add_predict_command(commands)
     _add_verify_command(commands)
     _add_serve_commands(commands)
+    _add_dashboard_command(commands)
     _add_card_command(commands)
+    _add_calibrate_command(commands)
     _add_pretrain_command(commands)
     return parser

@@ -9,6 +9,13 @@ from workbench.cli.evaluate import _seal_line
 from workbench.cli.flags import _add_device, _add_threads, _add_trust_modified
 
 
+def _add_calibration(parser: argparse.ArgumentParser) -> None:
+    """``--calibration LAYER`` of the commands that use a run's clinical layer (predict, serve, card)."""
+    parser.add_argument("--calibration", metavar="LAYER", help="a clinical layer fitted on a site's own records "
+                        "(workbench calibrate --out LAYER), used instead of the run's own; verified against its seal "
+                        "and its run (default: the run's own layer)")  # fmt: skip
+
+
 def _add_predict_command(commands: Any) -> None:
     """``workbench predict --run RUN --input DIR --output FILE``."""
     predict = commands.add_parser("predict", help="score every record of a folder with a finished run's model")
@@ -18,6 +25,7 @@ def _add_predict_command(commands: Any) -> None:
     predict.add_argument("--output", required=True, metavar="FILE", help="CSV to write (a .json with hashes is "
                          "written beside it); never inside a run folder")  # fmt: skip
     predict.add_argument("--overwrite", action="store_true", help="replace an earlier CSV and record at --output")
+    _add_calibration(predict)
     _add_trust_modified(predict)
     _add_threads(predict)
     _add_device(predict)
@@ -29,7 +37,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
     record = predict(
         args.run, args.input, args.output, overwrite=args.overwrite, trust_modified=args.trust_modified,
-        device=args.device,
+        device=args.device, calibration=args.calibration,
     )
     if "problems" in record["run_seal"]:
         print(_seal_line(args.run, record["run_seal"]))
@@ -45,12 +53,16 @@ def _clinical_lines(clinical: dict[str, Any] | None) -> list[str]:
     if not clinical:
         return []
     lines = []
+    layer = clinical.get("layer") or {}
+    site = layer.get("source") == "site calibration layer"
+    if site:
+        lines.append(f"clinical layer: {layer['path']} (fitted on the site's records at {layer.get('data')})")
     shift = clinical.get("shift")
     if shift:
         tested = isinstance(shift.get("statistic"), (int, float)) and isinstance(shift.get("p_value"), (int, float))
         lines.append(f"shift: {shift.get('verdict')}" + (
             f" (statistic {shift['statistic']:.4g}, p = {shift['p_value']:.3g}, {shift.get('batch', '?')} item(s) "
-            "tested against the run's reference)" if tested else ""))  # fmt: skip
+            f"tested against the {'layer' if site else 'run'}'s reference)" if tested else ""))  # fmt: skip
     sets = clinical.get("sets")
     if sets:
         lines.append(f"conformal sets: {sets['all_classes']} of {sets['items']} hold every class ({sets['classes']}) "

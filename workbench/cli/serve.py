@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from workbench.cli.flags import _add_device, _add_threads, _add_trust_modified
+from workbench.cli.predict import _add_calibration
 from workbench.core.errors import UserError
 
 
@@ -46,6 +47,7 @@ def _add_serve_commands(commands: Any) -> None:
                        help=f"time one upload's check may take [s] (default: {default.check_seconds:g}); past it: 413")
     serve.add_argument("--spool-dir", metavar="DIR", help="where the server keeps each request's files while it "
                        "answers (default: $WORKBENCH_SERVE_SPOOL, else the system's temporary folder)")  # fmt: skip
+    _add_calibration(serve)
     _add_trust_modified(serve)
     _add_threads(serve)
     _add_device(serve)
@@ -80,7 +82,7 @@ def run_serve(args: argparse.Namespace) -> int:
                     check_seconds=args.check_s)  # fmt: skip
     serve(args.run, host=args.host, port=args.port, intake=args.intake, token_file=args.token_file,
           audit_log=args.audit_log, audit_heads=args.audit_heads, limits=limits, trust_modified=args.trust_modified,
-          device=args.device, spool_dir=args.spool_dir)  # fmt: skip
+          device=args.device, spool_dir=args.spool_dir, calibration=args.calibration)  # fmt: skip
     return 0
 
 

@@ -6,6 +6,11 @@ conformal coverage and the shift test (``clinical.json``; "not fitted" where a r
 from what the files show), and an "Intended use" section left for the person deploying the model to fill. Every
 number is copied from a file the card names; nothing is measured again.
 
+With ``--calibration LAYER`` (a layer of ``workbench calibrate``, verified with its run: `workbench.clinical.
+site_calibration.check_layer`) the calibration, conformal and shift sections are the layer's, say that it was
+fitted on the site's records, and a "Site calibration" section gives the data it was fitted on and its held-out
+report.
+
 The card is written outside every run folder (a run is sealed), atomically, and never over an earlier card unless
 asked.
 """
@@ -34,12 +39,14 @@ def default_output(run: Path) -> Path:
     return Path(f"card-{Path(run).resolve().name}.md")
 
 
-def write_card(run: str | Path, output: str | Path | None = None, *, overwrite: bool = False) -> Path:
-    """Write the model card of the finished run ``run`` to ``output`` (default `default_output`); returns its path.
+def write_card(run: str | Path, output: str | Path | None = None, *, overwrite: bool = False,
+               calibration: str | Path | None = None) -> Path:  # fmt: skip
+    """Write the model card of the finished run ``run`` (with the clinical layer ``calibration`` when given) to
+    ``output`` (default `default_output`); returns its path.
 
     Raises:
         UserError: ``run`` is not a finished run, ``output`` lies inside a run folder, is not a ``.md`` file, or
-            exists (without ``overwrite``).
+            exists (without ``overwrite``); ``calibration`` does not verify or is another run's.
     """
     from workbench.core.checkpoint import write_text
     from workbench.core.seal import run_folder_above
@@ -53,13 +60,14 @@ def write_card(run: str | Path, output: str | Path | None = None, *, overwrite: 
                         "folder: choose an --output outside it")  # fmt: skip
     if path.exists() and not overwrite:
         raise UserError(f"--output {path}: already exists; pass --overwrite to replace it, or choose another --output")
-    text = card_text(run)
+    text = card_text(run, calibration)
     write_text(path, text)
     return path
 
 
-def card_text(run: str | Path) -> str:
-    """The model card of the finished run ``run`` (Markdown)."""
+def card_text(run: str | Path, calibration: str | Path | None = None) -> str:
+    """The model card of the finished run ``run`` (Markdown); its clinical sections from the layer ``calibration``
+    when given, else from the run's own ``clinical.json``."""
     from workbench.core.finished import Run
     from workbench.core.seal import check_run
 
@@ -67,15 +75,23 @@ def card_text(run: str | Path) -> str:
     config = Run.read_config(run)
     metrics = _json(run / "metrics.json")
     adapter = _json(run / "adapter.json")
-    clinical = _json(run / "clinical.json") if (run / "clinical.json").is_file() else None
     sealed = _seal_state(run, check_run)
+    layer = record = None
+    if calibration is not None:
+        from workbench.clinical.site_calibration import check_layer
+
+        layer = Path(calibration)
+        clinical, _, record = check_layer(layer, run)
+    else:
+        clinical = _json(run / "clinical.json") if (run / "clinical.json").is_file() else None
     sections = [
         _header(run, config, sealed),
         _run_section(run, config, metrics, adapter, sealed),
         _data_section(run, config, metrics),
         _method_section(config, metrics, adapter),
         _metrics_section(config, metrics),
-        _calibration_section(run, clinical, adapter),
+        *([_site_section(layer, record, clinical)] if layer is not None else []),
+        _calibration_section(layer or run, clinical, adapter),
         _conformal_section(clinical, adapter),
         _shift_section(clinical),
         _limits_section(config, metrics, clinical, sealed),
@@ -267,16 +283,21 @@ def _calibration_section(run: Path, clinical: Mapping | None, adapter: Mapping) 
     temperatures = c.get("temperatures") or []
     named = (", ".join(f"{k} {_number(t, 2)}" for k, t in zip(classes, temperatures))
              if len(classes) == len(temperatures) else ", ".join(_number(t, 2) for t in temperatures))  # fmt: skip
+    site = "site_report" in clinical
+    held_out = "held-out site items (the conformal part)" if site else "held-out validation items"
     lines = [
+        (f"- Fitted on the site's own records by `workbench calibrate` (layer `{Path(run).resolve()}`), not on the "
+         "run's validation split" if site else "- Fitted on the run's validation split at the end of "
+         "`workbench adapt`"),
         f"- {c.get('method')} [clinical.json `calibration`]",
         f"- Temperatures: {named}" + _unfitted(c, classes, len(temperatures)),
-        f"- Expected calibration error ({c.get('ece_bins')}), on {c.get('ece_items')} held-out validation items: "
+        f"- Expected calibration error ({c.get('ece_bins')}), on {c.get('ece_items')} {held_out}: "
         f"{_number(c.get('ece_before'))} before, {_number(c.get('ece_after'))} after "
         + (f"(temperatures fitted on {c.get('fit_items')} others)" if len(c.get("unfitted_classes") or []) <
            len(temperatures) else "(nothing fitted: the same probabilities)"),  # fmt: skip
     ]
     if clinical.get("split"):
-        lines.append(f"- Validation split use: {clinical['split']}")
+        lines.append(f"- {'Site records' if site else 'Validation split'} use: {clinical['split']}")
     if (run / "reliability.png").is_file():
         lines.append(f"- Reliability diagram: `{(run / 'reliability.png').resolve()}`")
     return title + "\n".join(lines) + "\n"
@@ -302,13 +323,25 @@ def _conformal_section(clinical: Mapping | None, adapter: Mapping) -> str:
     k = clinical["conformal"]
     alpha = k.get("alpha")
     nominal = f"{100 * (1 - alpha):.0f} %" if isinstance(alpha, (int, float)) else "—"
+    report = clinical.get("site_report")
+    where = "the held-out site records" if report else "the test split"
     lines = [
         f"- Nominal coverage {nominal} (α = {alpha}); {k.get('kind')} [clinical.json `conformal`]",
-        f"- Calibration items: {k.get('calibration_items')}",
-        f"- Empirical coverage on the test split: {_number(k.get('test_coverage'))} over {k.get('test_items')} "
+        f"- Calibration items: {k.get('calibration_items')}" + (" (the site's)" if report else ""),
+        f"- Empirical coverage on {where}: {_number(k.get('test_coverage'))} over {k.get('test_items')} "
         f"items; mean set size {_number(k.get('test_mean_set_size'), 2)}",
     ]
     classes = (adapter.get("task_state") or {}).get("classes") or []
+    if report:
+        low, high = report["coverage_interval"]
+        lines.append(f"- On the held-out site records: coverage {_number(report['coverage'])} "
+                     f"[{_number(low)}, {_number(high)}] ({report['covered']} of {report['trials']} true labels, one "
+                     f"per {report['trial']}; {report['interval']}), empty sets {_number(report['empty_rate'])}, "
+                     f"sets holding every class {_number(report['all_classes_rate'])} [clinical.json "
+                     "`site_report`]")  # fmt: skip
+    frequency = _set_frequency(k, report, classes)
+    if frequency:
+        lines.append(f"- How often each class is in a set on {where}: {frequency}")
     quantiles = k.get("quantiles")
     if isinstance(quantiles, list) and quantiles and all(q is None for q in quantiles):
         lines.append(f"- Every set holds every class{f' ({len(classes)})' if classes else ''}: "
@@ -321,16 +354,54 @@ def _conformal_section(clinical: Mapping | None, adapter: Mapping) -> str:
     return title + "\n".join(lines) + "\n"
 
 
+def _set_frequency(k: Mapping, report: Mapping | None, classes: list) -> str:
+    """How often each class is in a conformal set ("NORM 0.42, MI 0.61, ..."), from the site report or the test
+    split's ``test_set_frequency``; "" where the file has neither."""
+    if report and isinstance(report.get("set_frequency"), Mapping):
+        return ", ".join(f"{name} {_number(share)}" for name, share in report["set_frequency"].items())
+    shares = k.get("test_set_frequency")
+    if not isinstance(shares, list) or not shares:
+        return ""
+    names = classes if len(classes) == len(shares) else [str(i) for i in range(len(shares))]
+    return ", ".join(f"{name} {_number(share)}" for name, share in zip(names, shares))
+
+
+def _site_section(layer: Path, record: Mapping, clinical: Mapping) -> str:
+    """The layer: where it is, the site's data it was fitted on, its parts, and its held-out report per class."""
+    data, parts = record.get("data") or {}, record.get("parts") or {}
+    report = clinical.get("site_report") or {}
+    lines = [
+        "## Site calibration\n",
+        f"- Clinical layer `{layer.resolve()}`, fitted on the site's own labelled records by `workbench calibrate`; "
+        "its seal verified and it was found to belong to this run (the sha256 of adapter.safetensors and "
+        "adapter.json match) [layer.json]",
+        f"- Site data: `{data.get('folder')}`, {data.get('files')} file(s), fingerprint `{data.get('fingerprint')}`",
+        f"- {record.get('group_kind', 'group')}s dealt at random (seed {record.get('seed')}) into disjoint parts: "
+        + ", ".join(f"{name} {part.get('items')} items of {len(part.get('groups') or [])} group(s)"
+                    for name, part in parts.items()),  # fmt: skip
+    ]
+    per_class = report.get("per_class_coverage") or {}
+    if per_class:
+        lines += ["", "Held-out site records, per class [clinical.json `site_report`]:", "",
+                  "| class | in a set | coverage [95 % exact interval] |", "|---|---|---|"]  # fmt: skip
+        for name, c in per_class.items():
+            lines.append(f"| {name} | {_number((report.get('set_frequency') or {}).get(name))} | "
+                         f"{_number(c['coverage'])} [{_number(c['interval'][0])}, {_number(c['interval'][1])}] |")
+    return "\n".join(lines) + "\n"
+
+
 def _shift_section(clinical: Mapping | None) -> str:
     title = "## Shift test\n\n"
     if clinical is None or not clinical.get("shift"):
         return title + _not_fitted("the shift alarm's reference")
     s = clinical["shift"]
     check = s.get("test_split") or {}
+    where = ("the held-out site records (the reference's site" if "site_report" in clinical else
+             "the test split (same data as training")  # fmt: skip
     lines = [
         f"- {s.get('test')} [clinical.json `shift`]",
-        f"- Reference sample: {s.get('reference_items')} training items",
-        f"- On the test split (same data as training, so no shift expected): verdict {check.get('verdict', '—')}, "
+        f"- Reference sample: {s.get('reference_items')} {s.get('reference_kind', 'training items')}",
+        f"- On {where}, so no shift expected): verdict {check.get('verdict', '—')}, "
         f"statistic {_number(check.get('statistic'), 4)}, p = {_number(check.get('p_value'), 3)} "
         f"({check.get('batch', '—')} items)",
     ]

@@ -4,15 +4,19 @@ verdict for every input the task's own ``predict_folder`` scores (``workbench pr
 Per call of `ClinicalPredictor.answer` (a batch: one upload is a batch of one):
 
 * probabilities: the task's, scaled by the run's temperatures (`workbench.clinical.calibration`);
-* shift: the MMD permutation test (`workbench.clinical.shift_alarm`) of the batch's features together with the
-  last ``shift_window`` features answered before it for the same caller, against the run's reference sample;
+* shift: the MMD test of the batch's features together with the last ``shift_window`` features answered before it
+  for the same caller, against the run's reference sample, its null calibrated on pseudo-batches of the layer's
+  held-out patients with the batch's records as patients (`workbench.clinical.fit.shift_check`; a layer written
+  before it kept them: the relabelling test);
 * conformal set at level 1 − `workbench.clinical.fit.ALPHA`: weighted (`workbench.clinical.conformal`), with
   ``w = p_incoming / p_calibration`` estimated by a registered density-ratio method (`DENSITY_RATIO`) between the
   calibration features and the batch with the window, when both hold at least `MIN_WEIGHTED` items; split
   conformal otherwise (``conformal_kind`` says which).
 
 A run without ``clinical.json`` (an older run, a task without probabilities) answers with its plain probabilities;
-calibration, conformal and shift are then None.
+calibration, conformal and shift are then None. Given a calibration layer (``--calibration LAYER``, fitted on a
+site's own records by ``workbench calibrate``: `workbench.clinical.site_calibration`), its ``clinical.json`` and
+``clinical.npz`` are used instead of the run's, once its seal verifies and it is found to belong to the run.
 
 What is kept between calls (the rolling window and the count of batches that seeds the permutation test) is kept per
 caller (`ClinicalPredictor.answer`'s ``caller``; `DEFAULT_CALLER` for ``workbench predict``): one caller's traffic
@@ -52,16 +56,29 @@ class ClinicalPredictor:
     """A finished run, loaded once, answering for clinical use."""
 
     def __init__(self, path: Path, config: Any, task: Task, model: nn.Module, adapter: dict[str, Any],
-                 sealed: dict[str, Any], *, shift_window: int = 64, density_ratio: str | None = None):  # fmt: skip
+                 sealed: dict[str, Any], *, shift_window: int = 64, density_ratio: str | None = None,
+                 calibration: str | Path | None = None):  # fmt: skip
+        """``calibration``: a layer of ``workbench calibrate`` used instead of the run's own clinical files (verified
+        by `workbench.clinical.site_calibration.check_layer`: a `UserError` naming the file and field otherwise)."""
         self.path, self.config, self.task, self.model = Path(path), config, task, model.eval()
         self.adapter, self.sealed = adapter, sealed
         self._density_ratio = density_ratio
         self.state = adapter["task_state"]
-        artifacts = fit.read_artifacts(self.path)
+        #: The layer in use (None: the run's own): its folder and ``layer.json`` (`describe` says what it is).
+        self.layer: dict[str, Any] | None = None
+        if calibration is not None:
+            from workbench.clinical.site_calibration import check_layer
+
+            summary, arrays, record = check_layer(calibration, self.path)
+            artifacts = summary, arrays
+            self.layer = {"path": str(Path(calibration).resolve()), "record": record}
+        else:
+            artifacts = fit.read_artifacts(self.path)
         self.summary, arrays = artifacts if artifacts is not None else (None, {})
         self.multilabel = bool(self.summary and self.summary["multilabel"])
         self.temperatures = np.asarray(self.summary["calibration"]["temperatures"]) if self.summary else None
         self.reference = arrays.get("reference_features")
+        self.pool, self.pool_groups = arrays.get("pool_features"), arrays.get("pool_groups")  # None: an older layer
         self.calibration_features = arrays.get("calibration_features")
         self.calibration_scores = (conformal.true_scores(arrays["calibration_probabilities"],
                                                          arrays["calibration_truth"], self.multilabel)
@@ -69,17 +86,20 @@ class ClinicalPredictor:
         self.shift_window = int(shift_window)
         self._lock = threading.Lock()
         self._windows: dict[str, deque[np.ndarray]] = {}  # per caller: the last features answered
+        self._window_groups: dict[str, deque[str]] = {}  # per caller: their records (the alarm's patients)
         self._batches: dict[str, int] = {}  # per caller: batches answered (the permutation test's seed)
 
     @classmethod
     def load(cls, run: str | Path, *, trust_modified: bool = False, shift_window: int = 64,
-             density_ratio: str | None = None, device: str = "auto") -> "ClinicalPredictor":  # fmt: skip
+             density_ratio: str | None = None, device: str = "auto",
+             calibration: str | Path | None = None) -> "ClinicalPredictor":  # fmt: skip
         """Verify ``run`` against its seal (`workbench.core.seal.check_run`), then load its task and merged model once,
-        on ``device`` (`workbench.core.device.resolve`).
+        on ``device`` (`workbench.core.device.resolve`); with ``calibration``, answer with that layer's clinical files
+        (`workbench.clinical.site_calibration.check_layer`, before the model is loaded).
 
         Raises:
-            UserError: a file changed after the run finished (unless ``trust_modified``), not a finished run, or a
-                task without batch prediction.
+            UserError: a file changed after the run finished (unless ``trust_modified``), not a finished run, a
+                task without batch prediction, or a ``calibration`` layer that does not verify or is another run's.
         """
         from workbench.core.finished import Run
         from workbench.core.registry import tasks
@@ -90,11 +110,15 @@ class ClinicalPredictor:
         if "predict" not in task.capabilities:
             raise UserError(f"task '{config.task}' has no batch prediction: it cannot answer inputs")
         sealed = check_run(run, trust_modified)  # before anything the run wrote is used
+        if calibration is not None:  # refused before the model is loaded
+            from workbench.clinical.site_calibration import check_layer
+
+            check_layer(calibration, run)
         finished = Run.load(run, device, sealed=sealed)  # verified once, above
         adapter = json.loads((finished.path / "adapter.json").read_text())
         task.use_run_state(adapter["task_state"])
         return cls(finished.path, config, task, finished.model, adapter, sealed, shift_window=shift_window,
-                   density_ratio=density_ratio)  # fmt: skip
+                   density_ratio=density_ratio, calibration=calibration)  # fmt: skip
 
     @property
     def density_ratio(self) -> str:
@@ -120,6 +144,8 @@ class ClinicalPredictor:
                               "empirical_coverage": k["test_coverage"], "coverage_items": k["test_items"],
                               "mean_set_size": k["test_mean_set_size"],
                               "density_ratio": self.density_ratio}  # fmt: skip
+            if "test_set_frequency" in k:
+                conformal_part["set_frequency"] = k["test_set_frequency"]
             shift_part = {"test": summary["shift"]["test"], "reference_size": summary["shift"]["reference_items"],
                           "window": self.shift_window}  # fmt: skip
         intended = self.path / "intended_use.md"
@@ -136,13 +162,25 @@ class ClinicalPredictor:
             "calibration": calibration_part,
             "conformal": conformal_part,
             "shift": shift_part,
+            "clinical_layer": self._layer_part(),
             "intended_use": intended.read_text() if intended.is_file() else None,
         }
+
+    def _layer_part(self) -> dict[str, Any]:
+        """Where the clinical files answering come from: the run's own, or a site's layer (its folder, data, seal
+        and held-out report)."""
+        if self.layer is None:
+            return {"source": "run", "path": str(self.path)}
+        record = self.layer["record"]
+        return {"source": "site calibration layer", "path": self.layer["path"], "data": record.get("data", {}).get(
+            "folder"), "data_fingerprint": record.get("data", {}).get("fingerprint"), "verified": True,
+            "site_report": (self.summary or {}).get("site_report")}  # fmt: skip
 
     def window(self, caller: str = DEFAULT_CALLER) -> deque[np.ndarray]:
         """``caller``'s rolling window: the last ``shift_window`` features answered for it."""
         if caller not in self._windows:
             self._windows[caller] = deque(maxlen=max(0, self.shift_window))
+            self._window_groups[caller] = deque(maxlen=max(0, self.shift_window))
         return self._windows[caller]
 
     def answer(self, folder: Path, caller: str = DEFAULT_CALLER) -> list[dict[str, Any]]:
@@ -170,7 +208,8 @@ class ClinicalPredictor:
         if len(features) != len(ok):  # a task that scored items twice: no features to test
             features = np.zeros((0, 0), np.float32)
         window = self.window(caller)
-        shift = self._shift(features, window, self._batches.get(caller, 0))
+        groups = np.array([str(rows[i].get("record")) for i in ok]) if len(features) else np.zeros(0, str)
+        shift = self._shift(features, groups, window, self._window_groups[caller], self._batches.get(caller, 0))
         calibrated = probabilities
         sets, kind = None, None
         if self.summary is not None and len(ok):
@@ -178,6 +217,7 @@ class ClinicalPredictor:
             sets, kind = self._sets(calibrated, features, window)
         if len(features):
             window.extend(features)
+            self._window_groups[caller].extend(groups)
         self._batches[caller] = self._batches.get(caller, 0) + 1
         answers, columns = [], list(predictions.columns)
         if self.summary is not None:
@@ -216,18 +256,21 @@ class ClinicalPredictor:
         the class's set)."""
         return [c for k, c in enumerate(classes) if (chosen[k, 1] if self.multilabel else chosen[k])]
 
-    def _shift(self, features: np.ndarray, window: deque[np.ndarray], batches: int) -> dict[str, Any] | None:
-        """The alarm's verdict on the batch with the caller's window, seeded by the caller's count of ``batches``
-        (None without a reference)."""
+    def _shift(self, features: np.ndarray, groups: np.ndarray, window: deque[np.ndarray], window_groups: deque[str],
+               batches: int) -> dict[str, Any] | None:  # fmt: skip
+        """The alarm's verdict (`workbench.clinical.fit.shift_check`) on the batch's ``features`` (m, d) and their
+        records ``groups`` (m,) with the caller's window, seeded by the caller's count of ``batches`` (None without
+        a reference)."""
         if self.reference is None:
             return None
         tested = self._incoming(features, window)
+        tested_groups = np.concatenate([groups, np.array(window_groups, dtype=str)])[: len(tested)]
         if tested.shape[0] and tested.shape[1] != self.reference.shape[1]:
             raise UserError(f"{self.path}: the model's features have {tested.shape[1]} values, the run's reference "
                             f"{self.reference.shape[1]}: the run's {fit.CLINICAL_NPZ} is not this model's")  # fmt: skip
-        result = shift_alarm.mmd_test(self.reference, tested, seed=batches)
+        result = fit.shift_check(self.reference, tested, tested_groups, self.pool, self.pool_groups, batches)
         return {"statistic": result["statistic"], "p_value": result["p_value"], "verdict": result["verdict"],
-                "window": int(len(tested)), "batch": int(len(features))}  # fmt: skip
+                "window": int(len(tested)), "batch": int(len(features)), "null": result["null"]}  # fmt: skip
 
     def _incoming(self, features: np.ndarray, window: deque[np.ndarray]) -> np.ndarray:
         """The batch's features followed by the window's (n, d)."""

@@ -7,11 +7,13 @@ always outside every run folder). A comparison cell extends its run's seal with 
 (`workbench.comparison.cells.run_cell`), and a comparison seals its own files when it writes its report. A run is
 complete only once its seal verifies (`workbench.run.adapting.run_request` resumes one that has ``metrics.json`` but no
 seal). Readers verify before use: `check_run` (``evaluate``, ``predict``, ``serve``, the card, `Run.load`: a teacher,
-``compare --rerun-cell``), the report step of ``compare`` (every cell) and ``workbench verify DIR`` (`verify`).
+``compare --rerun-cell``), the report step of ``compare`` (every cell), `workbench.clinical.site_calibration.
+check_layer` (a calibration layer: ``--calibration LAYER``) and ``workbench verify DIR`` (`verify`).
 
 ``seal.json`` (format 2)::
 
-    {"format": "workbench-seal/2", "kind": "run" | "cell" | "grid-cell" | "comparison", "sealed": "<UTC time>",
+    {"format": "workbench-seal/2", "kind": "run" | "cell" | "grid-cell" | "comparison" | "calibration",
+     "sealed": "<UTC time>",
      "workbench_version": "...", "required": ["adapter.json", ...],
      "files": {"adapter.safetensors": {"sha256": "<hex>", "bytes": 1652}, ...},
      "key_id": "<16 hex>", "public_key": "<base64, 32 bytes>", "signature": "<base64, 64 bytes>"}
@@ -67,6 +69,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "cell": (*RUN_FILES, "cell.json"),  # a cell of one learning rate: its run's folder and the record
     "grid-cell": ("cell.json",),  # a cell of a learning-rate grid: the record; each rate's run is sealed apart
     "comparison": ("comparison.json", "compute.json", "report.md", "spec.json"),
+    # a clinical layer fitted on a site's records (`workbench.clinical.site_calibration`): outside every run
+    "calibration": ("clinical.json", "clinical.npz", "layer.json", "reliability.png"),
 }
 
 
@@ -117,7 +121,8 @@ def seal(folder: str | Path, kind: str, pending: Mapping[str, bytes] | None = No
 
     Args:
         folder: the finished run, cell or comparison.
-        kind: a key of `REQUIRED` ("run", "cell", "grid-cell", "comparison"): the files it must list.
+        kind: a key of `REQUIRED` ("run", "cell", "grid-cell", "comparison", "calibration"): the files it must
+            list.
         pending: files about to be written (relative path -> their bytes): sealed with the hash of those bytes, so
             that the seal never lags behind them (a cell's ``cell.json`` is written after its seal; a crash between
             the two leaves a seal naming a missing record, and the cell runs again).
@@ -206,6 +211,7 @@ _CHANGED = {
     "cell": "after the cell was recorded",
     "grid-cell": "after the cell was recorded",
     "comparison": "after the comparison was written",
+    "calibration": "after the layer was fitted",
 }
 
 
@@ -271,9 +277,11 @@ def verify_seal(folder: Path, ignore: set[str] | frozenset[str] = frozenset()) -
 
 
 def _should_be_sealed(folder: Path) -> bool:
-    """Whether ``folder`` is what a finished run, cell or comparison leaves (and so should hold a seal)."""
+    """Whether ``folder`` is what a finished run, cell, comparison or calibration layer leaves (and so should hold a
+    seal)."""
     run = (folder / "config.yaml").is_file() and (folder / "metrics.json").is_file()
-    return run or (folder / "cell.json").is_file() or (folder / "comparison.json").is_file()
+    layer = (folder / "layer.json").is_file() and (folder / "clinical.json").is_file()
+    return run or layer or (folder / "cell.json").is_file() or (folder / "comparison.json").is_file()
 
 
 @dataclass(frozen=True)

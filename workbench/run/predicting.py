@@ -22,7 +22,7 @@ from workbench.run.rundir import claim_file
 
 def predict(
     run: str | Path, input: str | Path, output: str | Path, *, overwrite: bool = False, trust_modified: bool = False,
-    device: str | torch.device = "auto",
+    device: str | torch.device = "auto", calibration: str | Path | None = None,
 ) -> dict[str, Any]:
     """Score every input of the folder ``input`` with a finished run's merged model on ``device``
     (``workbench predict``).
@@ -32,7 +32,10 @@ def predict(
     ``conformal_set`` columns) and beside it ``<output stem>.json``: sha256 of the base model's files, the adapter,
     the data card and the CSV, what the run's seal said (``run_seal``), the facts the task adds (classes,
     thresholds, ...), the workbench version, and ``clinical`` (calibration, conformal level, the shift alarm's
-    statistic, p-value and verdict for the whole input folder; None for a run without). Returns that record.
+    statistic, p-value and verdict for the whole input folder; None for a run without). With ``calibration`` (a
+    layer of ``workbench calibrate``, fitted on a site's records), that layer's clinical files are used instead of
+    the run's, once it verifies and is found to belong to the run (`workbench.clinical.site_calibration.check_layer`);
+    ``clinical.layer`` says which were used. Returns that record.
 
     Before the model is loaded and any input scored: the run's files are verified against its seal (a changed file
     is a `UserError` naming it unless ``trust_modified``: then the record says so), and the output is checked
@@ -56,12 +59,17 @@ def predict(
     if "predict" not in task.capabilities:
         raise UserError(f"task '{config.task}' has no batch prediction (workbench predict)")
     sealed = check_run(run, trust_modified)  # before anything the run wrote is used
+    if calibration is not None:  # refused before the model is loaded
+        from workbench.clinical.site_calibration import check_layer
+
+        check_layer(calibration, run)
     with claim_file(output):  # the output is this process's from its check to its last rename
         check_output(output, overwrite, _output_estimate(folder))
         finished = Run.load(run, device, sealed=sealed)  # verified once, above
         adapter = json.loads((finished.path / "adapter.json").read_text())
         task.use_run_state(adapter["task_state"])
-        predictor = ClinicalPredictor(finished.path, config, task, finished.model, adapter, sealed, shift_window=0)
+        predictor = ClinicalPredictor(finished.path, config, task, finished.model, adapter, sealed, shift_window=0,
+                                      calibration=calibration)  # fmt: skip
         predictions, _, clinical = predictor.predict(folder)  # + calibrated probabilities and conformal sets
         statuses = [row.get("status", "ok") for row in predictions.rows]
         if all(status != "ok" for status in statuses):
@@ -125,12 +133,12 @@ def _provenance(finished: Run, config: Any, task: Any, adapter: dict[str, Any], 
 
 def _clinical_record(described: dict[str, Any], batch: dict[str, Any], rows: list[dict[str, Any]],
                      classes: list[str]) -> dict[str, Any]:  # fmt: skip
-    """The prediction record's ``clinical`` part: the run's calibration and conformal settings, the alarm's test,
-    and for this batch the shift statistic, p-value and verdict, the kind of conformal sets given and what they
-    hold (`set_sizes`)."""
+    """The prediction record's ``clinical`` part: the calibration and conformal settings, the alarm's test, which
+    clinical layer gave them (``layer``: the run's own or a site's), and for this batch the shift statistic, p-value
+    and verdict, the kind of conformal sets given and what they hold (`set_sizes`)."""
     return {"calibration": described["calibration"], "conformal": described["conformal"],
             "shift_test": described["shift"], "shift": batch["shift"], "conformal_kind": batch["conformal_kind"],
-            "sets": set_sizes(rows, len(classes))}  # fmt: skip
+            "sets": set_sizes(rows, len(classes)), "layer": described["clinical_layer"]}  # fmt: skip
 
 
 def set_sizes(rows: list[dict[str, Any]], classes: int) -> dict[str, Any] | None:

@@ -10,6 +10,8 @@ Routes:
   intended use).
 - ``GET /audit/head``: the audit log's head (line count and last line's sha256), freshly signed
   (`workbench.serve.audit_head`), and where the server writes its signed heads.
+- ``GET /dashboard``: the monitoring page (`workbench.serve.dashboard`): requests, shift p-values, conformal sets and
+  calibrated probabilities over time from the audit log's last lines, the audit head, the run's card summary.
 - ``GET /health``: ``{"status": "ok"}`` without a token; 503 while shutting down, and 503 ``{"status":
   "unhealthy", "reason"}`` once the audit log cannot be written.
 
@@ -51,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
@@ -126,6 +128,7 @@ def create_app(predictor: Any, tokens: Tokens, audit: AuditLog, limits: Limits, 
     app.get("/health")(service.health)
     app.get("/model")(service.describe)
     app.get("/audit/head")(service.audit_head)
+    app.get("/dashboard")(service.dashboard)
     app.post("/predict")(service.predict)
     return Gate(app)
 
@@ -190,6 +193,16 @@ class _Service:
         heads_file = str(self.audit.heads.path) if self.audit.heads is not None else None
         return await run_in_threadpool(functools.partial(sign_head, self.audit.path.name, seq, head,
                                                          heads_file=heads_file))  # fmt: skip
+
+    async def dashboard(self, request: Request) -> Any:
+        """``GET /dashboard``: the monitoring page of the audit log and the model (`workbench.serve.dashboard.page`),
+        built in a worker thread; the page may load and run nothing (its ``Content-Security-Policy``)."""
+        if self.tokens.caller(request.headers.get("authorization")) is None:
+            return _unauthorised(request)
+        from workbench.serve import dashboard
+
+        text = await run_in_threadpool(lambda: dashboard.page(self.audit.path, self.predictor.describe()))
+        return HTMLResponse(text, headers=dashboard.HEADERS)
 
     async def describe(self, request: Request) -> Any:
         """``GET /model``: the predictor's ``describe()``."""

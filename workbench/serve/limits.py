@@ -14,7 +14,10 @@ limits) before the model's reader decodes it; suffixes are compared in lower cas
   PIL's lazy ``Image.open``, which reads the header only), NIfTI (``.nii``, ``.nii.gz``: the header's dimensions,
   its first 348 bytes inflated at most) and DICOM (``.dcm``, ``.dicom`` and files without a suffix, which image
   readers take as DICOM: `workbench.core.dicom.read_header`, rows × columns × frames, a deflated dataset inflated
-  in chunks against the budget its header allows): pixels at most ``max_pixels``.
+  in chunks against the budget its header allows): pixels at most ``max_pixels``;
+- a JSON file (``.json``: the questions file of a task that answers questions about uploaded images): at most
+  ``max_json_bytes`` bytes, told by its size before it is parsed, and, when it is a list, at most ``max_questions``
+  records (each record asks one or more questions the model answers).
 
 An image header these checks cannot parse is left to the model's reader, which refuses it with its own message.
 """
@@ -53,6 +56,8 @@ class Limits:
         check_memory_mb: address space a checking worker may add to what it holds when it starts [MiB].
         check_seconds: wall time [s] (and CPU time, rounded up) one file's check may take; past it the worker is
             killed and replaced and the request gets 413.
+        max_json_bytes: size of one uploaded JSON file (a questions file) [bytes].
+        max_questions: records of one uploaded JSON list (a questions file's questions).
     """
 
     max_request_bytes: int = 64 << 20
@@ -63,6 +68,8 @@ class Limits:
     check_workers: int = 2
     check_memory_mb: int = 512
     check_seconds: float = 10.0
+    max_json_bytes: int = 1 << 20
+    max_questions: int = 256
 
 
 def check_upload(path: Path, limits: Limits) -> tuple[int, str] | None:
@@ -73,6 +80,8 @@ def check_upload(path: Path, limits: Limits) -> tuple[int, str] | None:
 
     name = path.name.lower()
     suffix = ".nii.gz" if name.endswith(".nii.gz") else path.suffix.lower()
+    if suffix == ".json":
+        return _check_json(path, limits)
     try:
         if suffix == ".hea":
             seconds = _signal_header_seconds(path)
@@ -108,6 +117,25 @@ def too_large(path: Path, limits: Limits) -> str | None:
     """`check_upload`'s message, None when the file may be decoded."""
     found = check_upload(path, limits)
     return None if found is None else found[1]
+
+
+def _check_json(path: Path, limits: Limits) -> tuple[int, str] | None:
+    """413 for a JSON file above ``max_json_bytes`` (its size, before parsing) or a list of more than
+    ``max_questions`` records; a file that is not JSON is left to the reader."""
+    import json
+
+    size = path.stat().st_size
+    if size > limits.max_json_bytes:
+        return 413, (f"{path.name}: a JSON file of {size:,} bytes, above {LIMIT} of {limits.max_json_bytes:,}; send "
+                     "fewer questions per request")  # fmt: skip
+    try:
+        records = json.loads(path.read_bytes())
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(records, list) and len(records) > limits.max_questions:
+        return 413, (f"{path.name}: {len(records):,} records, above {LIMIT} of {limits.max_questions:,} questions "
+                     "per request; split the questions file")  # fmt: skip
+    return None
 
 
 def _number(text: str, field: str, zero: bool = False) -> float:

@@ -120,7 +120,8 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8000, intake: str | Path | None = None,
           token_file: str | Path | None = None, audit_log: str | Path | None = None,
           audit_heads: str | Path | None = None, limits: Limits = Limits(), trust_modified: bool = False,
-          workers: int | None = None, device: str = "auto", spool_dir: str | Path | None = None) -> None:  # fmt: skip
+          workers: int | None = None, device: str = "auto", spool_dir: str | Path | None = None,
+          calibration: str | Path | None = None) -> None:  # fmt: skip
     """Serve the finished run ``run`` until SIGTERM or Ctrl-C (`workbench.serve.app` has the routes).
 
     Checked in this order, before the model is loaded: the tokens (`workbench.serve.auth.load_tokens`), the intake
@@ -141,6 +142,8 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8000, intake:
         device: where the model computes (``--device``, `workbench.core.device.resolve`).
         spool_dir: where this server's spool folder goes (module docstring; None: ``$WORKBENCH_SERVE_SPOOL``, else
             the system's temporary folder).
+        calibration: a layer of ``workbench calibrate`` answering instead of the run's own clinical files (verified
+            with the run: `workbench.clinical.site_calibration.check_layer`).
 
     Raises:
         UserError: one of the checks above fails.
@@ -171,7 +174,7 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8000, intake:
     try:
         sock = _listening_socket(host, port)
         spool = spool_folder(spool_dir)
-        predictor = ClinicalPredictor.load(run, trust_modified=trust_modified, device=device)
+        predictor = ClinicalPredictor.load(run, trust_modified=trust_modified, device=device, calibration=calibration)
         threads = workers or max(1, min(4, os.cpu_count() or 1))
         gate = create_app(predictor, tokens, audit, limits, intake_folder, workers=threads, spool=spool)
         if host not in ("127.0.0.1", "::1", "localhost"):
@@ -179,8 +182,8 @@ def serve(run: str | Path, *, host: str = "127.0.0.1", port: int = 8000, intake:
         config = uvicorn.Config(gate, log_level="info", timeout_graceful_shutdown=int(limits.timeout_s) + 5,
                                 server_header=False)  # fmt: skip
         where = f"http://{host}:{sock.getsockname()[1]}"
-        print(f"serving {run} on {where} (POST /predict, GET /model, GET /audit/head, GET /health); audit log "
-              f"{audit_path}, signed heads {heads_path}", flush=True)  # fmt: skip
+        print(f"serving {run} on {where} (POST /predict, GET /model, GET /audit/head, GET /dashboard, GET /health); "
+              f"audit log {audit_path}, signed heads {heads_path}", flush=True)  # fmt: skip
         started = True
         _DrainingServer(config, gate, drain_s=limits.timeout_s + 5).run(sockets=[sock])
     finally:
