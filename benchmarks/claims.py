@@ -234,9 +234,10 @@ def conformal_shift_summary(result: dict[str, Any]) -> str:
     smaller = dict.fromkeys(key.split(" | ")[0] for key in summary["alarm_rate"] if ", pool of " in key)
     lines += ["", f"Shift alarm (MMD², α = {result['alarm_alpha']}, {result['permutations']} draws): beat-level "
                   "(`mmd_test`: null by relabelling reference and batch beats; reference: 500 training beats) and "
-                  f"patient-level (`patient_test`: null from pseudo-batches of {pool} held-out source subjects, none "
-                  "in training or calibration" + "".join(f"; \"{test}\": calibrated on {test.split()[-1]} of them "
-                                                         "only" for test in smaller) + "). Random-beat rows: "
+                  f"patient-level (`patient_test`: null from pseudo-batches drawn from the batch's subjects and {pool} "
+                  "held-out source subjects, none in training or calibration"
+                  + "".join(f"; \"{test}\": calibrated on {test.split()[-1]} of them only" for test in smaller)
+                  + "). Random-beat rows: "
                   f"{result['batches']} batches per unit (beat-level), "
                   f"{result['patient_batches']} (patient-level); subject rows: {result['patient_batches']}. Alarm "
                   "rate: mean over units [the union of the 95 % t interval over units and the exact interval of "

@@ -41,7 +41,7 @@ than 2 points from it; "no verdict" when either interval straddles its bound. Th
 patient-level false alarms on grouped batches of new source subjects ≤ α) holds when its interval's upper end is
 ≤ α and does not hold when its lower end is above α.
 
-``python benchmarks/conformal_shift.py`` (seeds 200–204) writes ``results/conformal_shift.json``; ``--dev`` runs
+``python benchmarks/conformal_shift.py`` (seeds 210–214) writes ``results/conformal_shift.json``; ``--dev`` runs
 seeds 0–1 and writes nothing; ``--refresh`` recomputes the summary from the units the results file holds.
 """
 
@@ -70,7 +70,9 @@ from workbench.core.checkpoint import write_text
 from workbench.core.registry import role, tasks
 
 NAME = "conformal_shift"
-SEEDS = tuple(range(200, 205))
+#: Seeds 200–204 measured the alarm before the batch's own patients joined its null's draw (they informed that
+#: change; their results are in git history), so the reported units are fresh.
+SEEDS = tuple(range(210, 215))
 DEV_SEEDS = (0, 1)
 CLASSES = ("N", "S", "V", "F")
 #: Muscle-noise RMS of a clean and of a noisy recording [mV].

@@ -65,7 +65,7 @@ def test_statistic_is_the_mmd_at_the_reference_bandwidth_and_the_p_value_is_a_ra
     assert result["statistic"] == pytest.approx(expected, rel=1e-9)
     assert 1 / 100 <= result["p_value"] <= 1 and round(result["p_value"] * 100, 9) % 1 == 0
     assert result["null"] == "held-out patients" and result["pool_patients"] == 60
-    assert (result["patient_draws"], result["item_draws"]) == ("without replacement", "without replacement")
+    assert result["item_draws"] == "without replacement"
     assert (result["reference"], result["batch"]) == (300, 32)
     assert patient_test(reference, batch, batch_groups, pool, pool_groups, draws=99, seed=3) == result
 
@@ -78,14 +78,23 @@ def test_p_value_ends():
     assert patient_test(reference, same[:4], np.zeros(4), same, np.arange(20) % 5, draws=49)["p_value"] == 1.0
 
 
-def test_a_pool_with_fewer_patients_than_the_batch_draws_them_with_replacement():
-    reference, batch, _, pool, pool_groups = _case(5)
-    keep = pool_groups < 3
-    result = patient_test(reference, batch, np.arange(len(batch)) % 8, pool[keep], pool_groups[keep], draws=50)
-    assert result["patient_draws"] == "with replacement" and result["pool_patients"] == 3
-    assert result["item_draws"] == "without replacement" and 0 < result["p_value"] <= 1
-    one_patient = patient_test(reference, batch, np.zeros(len(batch)), pool, pool_groups, draws=50)  # 32 > 20 items
-    assert (one_patient["patient_draws"], one_patient["item_draws"]) == ("without replacement", "with replacement")
+def test_a_batch_as_large_as_the_pool_meets_a_varied_null_and_keeps_its_level():
+    """One item per patient (one record each): the batch's patients join the pool's in the draw, so a batch of 12
+    patients against a pool of 12 is a permutation test of patients, exact, not the one pseudo-batch the pool alone
+    could give (its p-value would then be 1/(B+1) or 1)."""
+    flagged, p_values = 0, set()
+    for seed in range(DRAWS):
+        rng = np.random.default_rng(5000 + seed)
+        reference, _ = _patients(rng, 10, 30)
+        pool, pool_groups = _patients(rng, 12, 1)
+        batch, batch_groups = _patients(rng, 12, 1)
+        result = patient_test(reference, batch, batch_groups, pool, pool_groups, draws=100, seed=seed)
+        flagged += result["p_value"] <= ALPHA
+        p_values.add(result["p_value"])
+    assert flagged <= MOST_FALSE, f"{flagged} of {DRAWS} null batches flagged"
+    assert len(p_values) > 20  # a varied null: many distinct p-values
+    one_patient = patient_test(reference, batch, np.zeros(len(batch)), pool, pool_groups, draws=50)  # 12 > 1 item
+    assert one_patient["item_draws"] == "with replacement"
 
 
 def test_too_few_and_bad_input():

@@ -213,9 +213,10 @@ def shift_test_text(pool_patients: int) -> str:
     """In words, the test `shift_check` makes with a pool of ``pool_patients`` held-out patients."""
     statistic = "MMD² (Gaussian kernel, median heuristic) on the head's input features"
     if pool_patients >= MIN_POOL_GROUPS:
-        return (f"{statistic}, its null from {shift_alarm.PERMUTATIONS} pseudo-batches of {pool_patients} held-out "
-                f"patients with the batch's patients and items per patient (new patients of the source site are no "
-                f"shift), verdict at α = {shift_alarm.ALPHA}")  # fmt: skip
+        return (f"{statistic}, its null from {shift_alarm.PERMUTATIONS} pseudo-batches drawn from the batch's "
+                f"patients and {pool_patients} held-out ones with the batch's items per patient (a permutation of "
+                f"patients: new patients of the source site are no shift), verdict at α = "
+                f"{shift_alarm.ALPHA}")  # fmt: skip
     return (f"{statistic}, permutation p-value ({shift_alarm.PERMUTATIONS} relabellings: the null is more items of the "
             f"reference's patients, so new patients alone can raise it; {pool_patients} held-out patient(s), fewer "
             f"than {MIN_POOL_GROUPS}, cannot calibrate it), verdict at α = {shift_alarm.ALPHA}")  # fmt: skip

@@ -147,20 +147,21 @@ def patient_test(reference: np.ndarray, batch: np.ndarray, batch_groups: np.ndar
                  alpha: float = ALPHA) -> dict[str, Any]:  # fmt: skip
     """The MMD² of ``batch`` against ``reference``, calibrated on pseudo-batches of held-out patients.
 
-    Null: "the batch's patients are new patients of the source site, exchangeable with the pool's". Each of
-    ``draws`` pseudo-batches copies the batch's group structure: as many distinct pool patients as the batch has
-    groups (without replacement; with replacement when the pool holds fewer patients, which the result says), and
-    from each as many of its items as the batch's group holds (without replacement; with replacement only for a
-    patient with fewer items). p-value: ``(1 + #{b : MMD²_b ≥ MMD²}) / (1 + draws)``.
+    Null: "the batch's patients are new patients of the source site, exchangeable with the pool's". The batch's own
+    patients join the pool's in the draw (a permutation of patients between batch and pool, so the observed batch is
+    one of the null's draws and a batch as large as the pool still meets a varied null). Each of ``draws``
+    pseudo-batches copies the batch's group structure: as many distinct patients of pool and batch as the batch has
+    groups (without replacement), and from each as many of its items as the batch's group holds (without
+    replacement; with replacement only for a patient with fewer items). p-value: ``(1 + #{b : MMD²_b ≥ MMD²}) /
+    (1 + draws)``.
 
     Why not `mmd_test`: its relabellings mix batch items with reference items, so its null is "more items of the
     reference's patients". Items cluster by patient and the features fit the training patients, so new patients
     alone look like a shift. Here the null items come from patients the reference never saw, with the batch's
-    clustering, so the test asks "is this batch further from the reference than new patients are?". It is exact
-    only as the pool grows: the null is conditional on the pool's few patients (pseudo-batches reuse them, and the
-    pool's own departure from the population is not in it), so it is narrower than new patients' spread. On
-    generated Gaussian patients with batches of 4 patients, P(p ≤ 0.05) was 0.105 with a pool of 20 patients and
-    0.04 with one of 60 (200 draws each): keep the pool more than ten times a batch's number of patients.
+    clustering, so the test asks "is this batch further from the reference than new patients are?". Where every
+    patient gives the batch's number of items (one record each, say) the permutation is exact; otherwise the items
+    drawn per patient follow the batch's counts, and the pool's own spread is what the null knows, so keep the pool
+    large beside a batch's number of patients (`benchmarks/conformal_shift.py` measures the rates).
 
     Statistic: the V-statistic MMD² of `mmd_test` with a Gaussian kernel whose ``σ`` is the median pairwise
     distance of the reference alone (one kernel for the batch and every pseudo-batch; a pooled median would
@@ -169,8 +170,8 @@ def patient_test(reference: np.ndarray, batch: np.ndarray, batch_groups: np.ndar
     Shapes: reference (n, d), batch (m, d), batch_groups (m,), pool (p, d), pool_groups (p,) (any hashable ids).
 
     Returns ``{"statistic", "p_value", "verdict", "bandwidth", "reference": n, "batch": m, "null": "held-out
-    patients", "pool_patients", "patient_draws" and "item_draws": "without replacement" | "with replacement"}``
-    (items: with replacement for the slots whose patient has fewer items than the slot needs); verdict "too few"
+    patients", "pool_patients", "item_draws": "without replacement" | "with replacement"}`` (with replacement for
+    the slots whose patient has fewer items than the slot needs); verdict "too few"
     (statistic and p-value None) under `MIN_ITEMS` batch items, 2 reference items or 2 pool patients.
 
     Raises:
@@ -187,19 +188,21 @@ def patient_test(reference: np.ndarray, batch: np.ndarray, batch_groups: np.ndar
         raise ValueError(f"patient_test: reference {x.shape}, batch {y.shape} and pool {z.shape} must be (items, d) "
                          "with one d")  # fmt: skip
     n, m = len(x), len(y)
-    patients, z_index = np.unique(z_groups, return_inverse=True)
+    pool_patients = len(np.unique(z_groups))
     result = {"statistic": None, "p_value": None, "verdict": "too few", "bandwidth": None, "reference": n, "batch": m,
-              "null": "held-out patients", "pool_patients": int(len(patients)), "patient_draws": None,
-              "item_draws": None}  # fmt: skip
-    if m < MIN_ITEMS or n < 2 or len(patients) < 2:
+              "null": "held-out patients", "pool_patients": pool_patients, "item_draws": None}  # fmt: skip
+    if m < MIN_ITEMS or n < 2 or pool_patients < 2:
         return result
+    z = np.concatenate([z, y])  # the batch's patients join the draw, their ids kept apart from the pool's
+    ids = np.concatenate([np.char.add("pool:", z_groups.astype(str)), np.char.add("batch:", y_groups.astype(str))])
+    patients, z_index = np.unique(ids, return_inverse=True)
     distances = _squared_distances(x)
     upper = distances[np.triu_indices(n, k=1)]
     median = float(np.median(upper[upper > 0])) if (upper > 0).any() else 1.0
     two_sigma2 = 2 * median  # σ² = the median squared distance, as in mmd_test
     xx = float(np.exp(-distances / two_sigma2).mean())
     counts = np.sort(np.unique(y_groups, return_counts=True)[1])[::-1]  # items per batch group, largest first
-    items, replace, short = _pseudo_batches(counts, z_index, len(patients), draws, np.random.default_rng(seed))
+    items, short = _pseudo_batches(counts, z_index, len(patients), draws, np.random.default_rng(seed))
     used, inverse = np.unique(items, return_inverse=True)
     to_reference = _kernel_means(z[used], x, two_sigma2)[inverse.reshape(items.shape)]  # (B, m)
     null = xx + _within_means(z[items], two_sigma2) - 2 * to_reference.mean(axis=1)
@@ -207,20 +210,16 @@ def patient_test(reference: np.ndarray, batch: np.ndarray, batch_groups: np.ndar
     p_value = float((1 + np.sum(null >= observed - 1e-12)) / (1 + draws))
     return {**result, "statistic": float(observed), "p_value": p_value,
             "verdict": "shift" if p_value <= alpha else "no shift", "bandwidth": float(np.sqrt(median)),
-            "patient_draws": "with replacement" if replace else "without replacement",
             "item_draws": "with replacement" if short else "without replacement"}  # fmt: skip
 
 
 def _pseudo_batches(counts: np.ndarray, z_index: np.ndarray, patients: int, draws: int,
-                    rng: np.random.Generator) -> tuple[np.ndarray, bool, bool]:  # fmt: skip
+                    rng: np.random.Generator) -> tuple[np.ndarray, bool]:  # fmt: skip
     """Rows of the pool for ``draws`` pseudo-batches with the batch's structure: ``counts`` (k,) items of each of its
-    k groups (largest first), each slot filled from its own pool patient (``z_index`` (p,): each pool row's patient
-    among ``patients``). Returns (items (draws, sum(counts)) pool rows, patients drawn with replacement, items drawn
-    with replacement for some slot)."""
+    k groups (largest first), each slot filled from its own patient of the ``patients`` ≥ k (``z_index`` (p,): each
+    pool row's patient). Returns (items (draws, sum(counts)) pool rows, items drawn with replacement for some slot)."""
     k = len(counts)
-    replace = k > patients
-    chosen = (rng.integers(0, patients, (draws, k)) if replace
-              else np.argsort(rng.random((draws, patients)), axis=1)[:, :k])  # (B, k) pool patients
+    chosen = np.argsort(rng.random((draws, patients)), axis=1)[:, :k]  # (B, k) distinct patients
     order = np.argsort(z_index, kind="stable")
     sizes = np.bincount(z_index, minlength=patients)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -231,7 +230,7 @@ def _pseudo_batches(counts: np.ndarray, z_index: np.ndarray, patients: int, draw
         ranks = np.where(short, fallback, ranks)
     slots = np.concatenate([np.full(c, s) for s, c in enumerate(counts)])  # (m,) slot of each batch position
     within = np.concatenate([np.arange(c) for c in counts])
-    return order[starts[chosen[:, slots]] + ranks[:, slots, within]], bool(replace), bool(short.any())
+    return order[starts[chosen[:, slots]] + ranks[:, slots, within]], bool(short.any())
 
 
 def reference_sample(features: np.ndarray, seed: int, limit: int = MAX_REFERENCE) -> np.ndarray:
