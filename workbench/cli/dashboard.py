@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from workbench.cli.flags import _add_trust_modified
+from workbench.cli.flags import _add_device, _add_trust_modified
 
 
 def _add_dashboard_command(commands: Any) -> None:
@@ -23,12 +23,14 @@ def _add_dashboard_command(commands: Any) -> None:
     dashboard.add_argument("--max-lines", type=int, default=MAX_LINES, metavar="INT", help="most lines read from the "
                            f"log's end (default: {MAX_LINES}; the page says when earlier lines were left out)")
     _add_trust_modified(dashboard)
+    _add_device(dashboard)
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
     """``workbench dashboard``: the page (`workbench.serve.dashboard.write_page`) and where it went."""
     from workbench.serve.dashboard import write_page
 
-    out = write_page(args.run, args.audit_log, args.out, max_lines=args.max_lines, trust_modified=args.trust_modified)
+    out = write_page(args.run, args.audit_log, args.out, max_lines=args.max_lines, trust_modified=args.trust_modified,
+                     device=args.device)
     print(f"wrote {out}")
     return 0

@@ -137,9 +137,10 @@ def page(log: str | Path, description: Mapping[str, Any], *, max_lines: int = MA
 
 
 def write_page(run: str | Path, audit_log: str | Path, out: str | Path, *, max_lines: int = MAX_LINES,
-               trust_modified: bool = False) -> Path:  # fmt: skip
-    """``workbench dashboard``: the page of ``audit_log`` and the finished run ``run`` (loaded on the CPU, verified
-    against its seal unless ``trust_modified``), written atomically to ``out``; returns ``out``.
+               trust_modified: bool = False, device: str = "auto") -> Path:  # fmt: skip
+    """``workbench dashboard``: the page of ``audit_log`` and the finished run ``run`` (loaded on ``device``,
+    `workbench.core.device.resolve`; verified against its seal unless ``trust_modified``), written atomically to
+    ``out``; returns ``out``.
 
     Raises:
         UserError: ``out`` is not an ``.html`` file or lies inside a run folder; the log or the run cannot be read.
@@ -156,7 +157,7 @@ def write_page(run: str | Path, audit_log: str | Path, out: str | Path, *, max_l
         raise UserError(f"--out {out}: inside the run folder {inside}; nothing is written into a run folder: choose "
                         "an --out outside it")  # fmt: skip
     tail = read_tail(audit_log, max_lines)  # a missing log or a bad --max-lines is refused before the model loads
-    description = ClinicalPredictor.load(run, trust_modified=trust_modified, device="cpu").describe()
+    description = ClinicalPredictor.load(run, trust_modified=trust_modified, device=device).describe()
     write_text(out, render(tail, description, log_name=Path(audit_log).name, max_lines=max_lines))
     return out
 
