@@ -126,6 +126,8 @@ def rendered(result: dict[str, Any]) -> str:
     if result.get("script") == "conformal_shift.py":
         return conformal_shift_summary(result)
     comparison = result["comparison"]
+    if result.get("withdrawn"):  # a withdrawn table's differences stay as numbers; none of them is a verdict
+        comparison = without_verdicts(comparison)
     spec = comparison["spec"]
     seeds = spec["seeds"]
     if len(seeds) == 1:
@@ -160,6 +162,19 @@ def rendered(result: dict[str, Any]) -> str:
     if result["note"]:
         lines += ["", result["note"]]
     return "\n".join(lines) + "\n"
+
+
+def without_verdicts(comparison: dict[str, Any]) -> dict[str, Any]:
+    """``comparison`` with every entry's verdict against the reference replaced by "withdrawn: no verdict"."""
+    summary = {}
+    for name, entry in comparison["summary"].items():
+        metrics = {
+            metric: {**values, "vs_reference": {**values["vs_reference"], "verdict": "withdrawn: no verdict"}}
+            if values.get("vs_reference") else values
+            for metric, values in entry["metrics"].items()
+        }
+        summary[name] = {**entry, "metrics": metrics}
+    return {**comparison, "summary": summary}
 
 
 def coverage_summary(result: dict[str, Any]) -> str:

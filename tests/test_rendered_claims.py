@@ -88,3 +88,16 @@ def test_a_changed_result_changes_the_page(tmp_path):
     first["metrics"][metric]["mean"] += 0.1234
     path.write_text(json.dumps(result))
     assert claims.render(text, tmp_path / "results") != text
+
+
+def test_a_withdrawn_table_keeps_its_numbers_and_shows_no_verdict():
+    """A withdrawn benchmark (kept as a record of what ran) prints its differences but no verdict word beside them,
+    and lists no claims."""
+    claims = _claims()
+    result = json.loads((ROOT / "benchmarks" / "results" / "elora_sevennet_n10.json").read_text())
+    assert result.get("withdrawn")
+    rows = [line for line in claims.rendered(result).splitlines() if line.startswith("| ") and "MDD" in line]
+    verdicts = {row.rsplit("(", 1)[1].split(")", 1)[0] for row in rows}
+    assert rows and verdicts == {"withdrawn: no verdict"}
+    shown = claims.rendered({**result, "withdrawn": ""})  # the same results, not withdrawn: the verdicts come back
+    assert "(withdrawn: no verdict)" not in shown and "does not hold" in shown
