@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from claims import Benchmark, run
 
@@ -46,22 +47,29 @@ TRANSFERS = (("acmv9", "dblpv7"), ("dblpv7", "acmv9"), ("citationv1", "dblpv7"),
              ("acmv9", "citationv1"), ("citationv1", "acmv9"))  # fmt: skip
 
 
-def transfer(source: str, target: str) -> Benchmark:
-    """The comparison on the transfer ``source`` → ``target``."""
+def csbm_benchmark(name: str, script: str, entries: tuple[str, ...], claims: tuple[Claim, ...],
+                   **spec: Any) -> Benchmark:  # fmt: skip
+    """The comparison ``name`` of ``entries`` (the first is the reference) on the csbm task: 2 folds × `SEEDS`, the
+    declared options of `VARIANTS`, the table's `METRICS` and `NAMES`; ``spec``: the rest of its `CompareSpec`."""
+    options = {label: variant_options(label) for label in VARIANTS}
     return Benchmark(
-        name=f"graph_citation_{source}_to_{target}_s{SEEDS[0]}",
-        spec=CompareSpec(
-            "csbm",
-            ENTRIES,
-            folds=2,
-            seeds=SEEDS,
-            data=str(REAL),
-            task_options={"source_graph": source, "target_graph": target},
-            method_options={label: variant_options(label) for label in VARIANTS},
-        ),  # fmt: skip
+        name=name,
+        spec=CompareSpec("csbm", entries, folds=2, seeds=SEEDS, method_options=options, **spec),
         metrics=METRICS,
         names=NAMES,
-        script=Path(__file__).name,
+        script=script,
+        claims=claims,
+    )
+
+
+def transfer(source: str, target: str) -> Benchmark:
+    """The comparison on the transfer ``source`` → ``target``."""
+    return csbm_benchmark(
+        f"graph_citation_{source}_to_{target}_s{SEEDS[0]}",
+        Path(__file__).name,
+        ENTRIES,
+        data=str(REAL),
+        task_options={"source_graph": source, "target_graph": target},
         claims=(
             Claim("homophily:delayed", "accuracy", text=f"{source} → {target}: delayed alignment beats a source-only "
                   "GCN"),  # fmt: skip

@@ -24,32 +24,23 @@ import sys
 from pathlib import Path
 
 from claims import Benchmark, run
+from graph_citation import SEEDS, csbm_benchmark
 
-from workbench.comparison.design import CompareSpec
 from workbench.comparison.report import Claim
-from workbench.core.config import variant_options
 
+#: `graph_citation`'s entries (and its variants, names, columns and seeds: `csbm_benchmark`); the reference here is the
+#: encoder without alignment.
 ENTRIES = ("mixed-filters", "homophily:released", "homophily:delayed", "full@gcn")
-VARIANTS = ("homophily:released", "homophily:delayed")
-NAMES = {"full@gcn": "source-only GCN", "homophily:released": "homophily:released (authors')",
-         "homophily:delayed": "homophily:delayed (project's)"}  # fmt: skip
-#: Table columns: the scores, then the collapse diagnostic (`workbench.domains.graphs.task.collapse_diagnostics`).
-METRICS = ("accuracy", "macro_f1", "predicted_class_entropy", "predicted_target_homophily")
-SEEDS = (210, 211, 212)
 
 
 def pair(source: float, target: float) -> Benchmark:
     """The comparison on CSBM pairs of source homophily ``source`` and target homophily ``target``."""
-    return Benchmark(
-        name=f"graph_homophily_{source:g}_to_{target:g}".replace(".", "") + f"_s{SEEDS[0]}",
-        spec=CompareSpec(
-            "csbm", ENTRIES, folds=2, seeds=SEEDS, epochs=100,
-            task_options={"source_homophily": source, "target_homophily": target},
-            method_options={label: variant_options(label) for label in VARIANTS},
-        ),  # fmt: skip
-        metrics=METRICS,
-        names=NAMES,
-        script=Path(__file__).name,
+    return csbm_benchmark(
+        f"graph_homophily_{source:g}_to_{target:g}".replace(".", "") + f"_s{SEEDS[0]}",
+        Path(__file__).name,
+        ENTRIES,
+        epochs=100,
+        task_options={"source_homophily": source, "target_homophily": target},
         claims=(
             Claim("homophily:delayed", "accuracy",
                   text=f"h {source:g} → {target:g}: delayed alignment beats the encoder without it"),  # fmt: skip
