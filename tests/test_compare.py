@@ -187,3 +187,36 @@ def test_sleep_staging_compare_end_to_end(tmp_path):
         assert sorted(run["data_summary"]["split"]["test"]) == sorted(cell["split"]["test"])  # the fold's subjects
     steps = {c["method"]: c["steps"] for c in comparison["cells"] if c["fold"] == 0}
     assert len(set(steps.values())) == 1 and steps["lora"] > 0  # one budget
+
+
+def test_the_methods_settings_choose_the_compared_data_for_every_cell(tmp_path):
+    """The density-ratio methods' setting (`FeaturesTask.profile`: the covariate-shift problem) becomes the
+    comparison's task option, so the fold plan and every cell read the same data (before, the first dre-pp cell
+    failed: its validation rows were planned on the partial-DA problem)."""
+    out = tmp_path / "dre"
+    code = cli(["compare", "--domain", "features", "--methods", "full,dre-pp", "--folds", "2", "--seeds", "5",
+                "--epochs", "1", "--train-size", "60", "--val-size", "20", "--batch-size", "20",
+                "--pretrain-epochs", "20", "--out", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    assert json.loads((out / "spec.json").read_text())["task_options"] == {"problem": "covariate-shift",
+                                                                            "pretrain_epochs": 20}  # fmt: skip
+    cells = json.loads((out / "comparison.json").read_text())["cells"]
+    assert sorted(cell["method"] for cell in cells) == ["dre-pp", "dre-pp", "full", "full"]
+    assert len({cell["manifest"]["data_fingerprint"] for cell in cells}) == 1
+    with pytest.raises(UserError, match="give --problem covariate-shift"):  # a spec built in Python is told
+        CompareSpec("features", ("full", "dre-pp"), seeds=(5,)).check()
+    CompareSpec("features", ("full", "dre-pp"), seeds=(5,), task_options={"problem": "partial-da"}).check()
+
+
+def test_methods_whose_settings_ask_for_different_data_are_refused(monkeypatch):
+    from workbench.comparison.design import methods_task_options
+    from workbench.core.registry import tasks
+
+    task_cls = tasks.get("features")
+    asked = {"dre-pp": "covariate-shift", "warmpot": "partial-da"}
+    monkeypatch.setattr(task_cls, "profile", classmethod(lambda cls, method: {"options": {"problem": asked[method]}}
+                                                         if method in asked else {}))  # fmt: skip
+    with pytest.raises(UserError, match="dre-pp runs task 'features' with --problem covariate-shift, warmpot with "
+                                        "--problem partial-da"):  # fmt: skip
+        methods_task_options("features", ("full", "dre-pp", "warmpot"), {})
+    assert methods_task_options("features", ("full", "dre-pp", "warmpot"), {"problem": "partial-da"}) == {}

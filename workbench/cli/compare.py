@@ -136,7 +136,7 @@ def _seeds_text(seeds: Sequence[int]) -> str:
 
 def _compare_spec(args: argparse.Namespace) -> Any:
     """The `workbench.comparison.design.CompareSpec` of a ``compare`` command line."""
-    from workbench.comparison.design import CompareSpec, entry_of
+    from workbench.comparison.design import CompareSpec, entry_of, methods_task_options
     from workbench.core.config import variant_options
     from workbench.core.errors import UserError
     from workbench.core.options import renamed
@@ -178,6 +178,7 @@ def _compare_spec(args: argparse.Namespace) -> Any:
             method_options[label] = {**variant_options(label), **method_options.get(label, {})}
     task_cls = tasks.get(args.domain)
     options = _given_options(args, {"task": (args.domain, task_cls.options)})["task"]
+    options = {**methods_task_options(args.domain, method_names, options), **options}  # what the methods' settings ask
     return CompareSpec(
         domain=args.domain, methods=method_names, reference=args.reference or "", learner=args.learner or "",
         folds=args.folds, seeds=numbers(args.seeds, int, "--seeds"), budget=args.budget,

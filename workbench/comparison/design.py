@@ -123,6 +123,14 @@ class CompareSpec:
             raise UserError(f"--fold-val-share must be in (0, 1), got {self.val_share}")
         if any(rate <= 0 for rate in self.lr_grid) or (self.lr_grid and self.learning_rate is not None):
             raise UserError("--lr-grid takes positive rates, and replaces --lr (give one of them)")
+        defaults = {option.name: option.default for option in task_cls.options}
+        asked = methods_task_options(self.domain, self.methods, self.task_options)
+        left = {name: value for name, value in asked.items() if value != defaults[name]}
+        if left:
+            flags = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in left.items())
+            raise UserError(f"--methods {','.join(self.methods)}: a method's setting runs task '{self.domain}' with "
+                            f"{flags}, the plan with the task's default; give {flags} so that every cell reads the "
+                            "same data")  # fmt: skip
         if self.data and SEED_FIELD in self.data:
             missing = [f"{seed}: {path}" for seed in self.seeds if not Path(path := self.data_for(seed)).exists()]
             if missing:
@@ -149,6 +157,29 @@ class CompareSpec:
     def development(self) -> bool:
         """Whether any seed is a development seed (below `DEVELOPMENT_SEEDS_BELOW`)."""
         return min(self.seeds) < DEVELOPMENT_SEEDS_BELOW
+
+
+def methods_task_options(domain: str, labels: Sequence[str], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The task options the settings of the compared entries ``labels`` ask for (`workbench.core.task.Task.profile`,
+    such as the covariate-shift problem of the density-ratio methods) that ``given`` leaves open. Every cell of a
+    comparison reads the same data, so the entries must agree.
+
+    Raises:
+        UserError: two entries ask for different values of one option (naming the flag that chooses).
+    """
+    task_cls = tasks.get(domain)
+    wanted: dict[str, tuple[Any, str]] = {}
+    for label in labels:
+        for name, value in task_cls.profile(entry_of(label).method).get("options", {}).items():
+            if name in given:
+                continue
+            if name in wanted and wanted[name][0] != value:
+                flag = "--" + name.replace("_", "-")
+                first, value_first = wanted[name][1], wanted[name][0]
+                raise UserError(f"--methods: {first} runs task '{domain}' with {flag} {value_first}, {label} with "
+                                f"{flag} {value}; every cell reads the same data: give {flag}")  # fmt: skip
+            wanted.setdefault(name, (value, label))
+    return {name: value for name, (value, _) in wanted.items()}
 
 
 @dataclass(frozen=True)
