@@ -128,3 +128,31 @@ def test_tokens_name_their_caller_and_weak_or_repeated_ones_are_refused():
                           ("", "no 'caller_id token' pair"), ("bad/id " + "x" * 16, "caller id")):  # fmt: skip
         with pytest.raises(UserError, match=message):
             parse_tokens(text, "tokens.txt")
+
+
+def test_questions_files_are_bounded_by_their_size_and_count_as_the_flags_set(tmp_path, monkeypatch, capsys):
+    """``--max-json-mb`` and ``--max-questions`` reach the served limits; a JSON upload past either is refused by its
+    size before parsing, or by its count, naming the flag."""
+    import json
+
+    import workbench.serve.server as server
+    from workbench.cli import main
+
+    questions = tmp_path / "questions.json"
+    questions.write_text(json.dumps([{"question": "is there an effusion?", "image_name": "a.png"}] * 5))
+    assert check_upload(questions, Limits(max_questions=5)) is None
+    assert check_upload(questions, Limits(max_questions=4)) == (413, "questions.json: 5 records, above this server's "
+                                                                "limit of 4 questions per request (--max-questions); "
+                                                                "split the questions file")  # fmt: skip
+    size = questions.stat().st_size
+    status, message = check_upload(questions, Limits(max_json_bytes=size - 1))
+    assert status == 413 and f"a JSON file of {size:,} bytes" in message and "(--max-json-mb)" in message
+    given = {}
+    monkeypatch.setattr(server, "serve", lambda run, **options: given.update(options))  # where the limits arrive
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--run", str(tmp_path), "--max-json-mb", "0.25", "--max-questions", "8"])
+    assert exit_.value.code == 0
+    assert (given["limits"].max_json_bytes, given["limits"].max_questions) == (1 << 18, 8)
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--run", str(tmp_path), "--max-questions", "0"])
+    assert exit_.value.code == 2 and "--max-questions 0: expected a positive number" in capsys.readouterr().err

@@ -45,6 +45,11 @@ def _add_serve_commands(commands: Any) -> None:
                        f"{default.check_memory_mb}); past it: 413")  # fmt: skip
     serve.add_argument("--check-s", type=float, default=default.check_seconds, metavar="FLOAT",
                        help=f"time one upload's check may take [s] (default: {default.check_seconds:g}); past it: 413")
+    serve.add_argument("--max-json-mb", type=float, default=default.max_json_bytes / 2**20, metavar="FLOAT",
+                       help="largest uploaded JSON file, such as a questions file [MiB] (default: "
+                       f"{default.max_json_bytes / 2**20:g})")  # fmt: skip
+    serve.add_argument("--max-questions", type=int, default=default.max_questions, metavar="INT",
+                       help=f"most records in one uploaded JSON list (default: {default.max_questions})")
     serve.add_argument("--spool-dir", metavar="DIR", help="where the server keeps each request's files while it "
                        "answers (default: $WORKBENCH_SERVE_SPOOL, else the system's temporary folder)")  # fmt: skip
     _add_calibration(serve)
@@ -68,7 +73,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     for flag, value in (("--max-request-mb", args.max_request_mb), ("--max-record-s", args.max_record_s),
                         ("--max-pixels", args.max_pixels), ("--timeout-s", args.timeout_s),
-                        ("--check-memory-mb", args.check_memory_mb), ("--check-s", args.check_s)):  # fmt: skip
+                        ("--check-memory-mb", args.check_memory_mb), ("--check-s", args.check_s),
+                        ("--max-json-mb", args.max_json_mb), ("--max-questions", args.max_questions)):  # fmt: skip
         if not value > 0:
             raise UserError(f"{flag} {value}: expected a positive number")
     if not 0 <= args.port < 65536:
@@ -79,7 +85,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UserError(f"workbench serve needs the serve extra ({error}): pip install -e \".[serve]\"") from None
     limits = Limits(max_request_bytes=int(args.max_request_mb * 2**20), max_record_seconds=args.max_record_s,
                     max_pixels=args.max_pixels, timeout_s=args.timeout_s, check_memory_mb=args.check_memory_mb,
-                    check_seconds=args.check_s)  # fmt: skip
+                    check_seconds=args.check_s, max_json_bytes=int(args.max_json_mb * 2**20),
+                    max_questions=args.max_questions)  # fmt: skip
     serve(args.run, host=args.host, port=args.port, intake=args.intake, token_file=args.token_file,
           audit_log=args.audit_log, audit_heads=args.audit_heads, limits=limits, trust_modified=args.trust_modified,
           device=args.device, spool_dir=args.spool_dir, calibration=args.calibration)  # fmt: skip

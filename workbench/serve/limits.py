@@ -56,8 +56,8 @@ class Limits:
         check_memory_mb: address space a checking worker may add to what it holds when it starts [MiB].
         check_seconds: wall time [s] (and CPU time, rounded up) one file's check may take; past it the worker is
             killed and replaced and the request gets 413.
-        max_json_bytes: size of one uploaded JSON file (a questions file) [bytes].
-        max_questions: records of one uploaded JSON list (a questions file's questions).
+        max_json_bytes: size of one uploaded JSON file (a questions file) [bytes] (``--max-json-mb`` × 2^20).
+        max_questions: records of one uploaded JSON list (a questions file's questions; ``--max-questions``).
     """
 
     max_request_bytes: int = 64 << 20
@@ -126,15 +126,15 @@ def _check_json(path: Path, limits: Limits) -> tuple[int, str] | None:
 
     size = path.stat().st_size
     if size > limits.max_json_bytes:
-        return 413, (f"{path.name}: a JSON file of {size:,} bytes, above {LIMIT} of {limits.max_json_bytes:,}; send "
-                     "fewer questions per request")  # fmt: skip
+        return 413, (f"{path.name}: a JSON file of {size:,} bytes, above {LIMIT} of {limits.max_json_bytes:,} "
+                     "(--max-json-mb); send fewer questions per request")  # fmt: skip
     try:
         records = json.loads(path.read_bytes())
     except (ValueError, RecursionError):
         return None
     if isinstance(records, list) and len(records) > limits.max_questions:
         return 413, (f"{path.name}: {len(records):,} records, above {LIMIT} of {limits.max_questions:,} questions "
-                     "per request; split the questions file")  # fmt: skip
+                     "per request (--max-questions); split the questions file")  # fmt: skip
     return None
 
 
