@@ -122,8 +122,9 @@ def verify_log(path: str | Path, wanted: Collection[str] = ()) -> LogCheck:
     return LogCheck(path, len(complete), previous, found=found, intact_bytes=offset)
 
 
-def _line_problem(raw: bytes, number: int, previous: str) -> str | None:
-    """Why line ``number`` (``raw``, no newline) is not the intact successor of the line hashed ``previous``."""
+def _line_problem(raw: bytes, number: int, previous: str, entry: Any = None) -> str | None:
+    """Why line ``number`` (``raw``, no newline) is not the intact successor of the line hashed ``previous``;
+    ``entry``: ``raw`` already parsed by the caller (the whole line), not parsed again."""
     found = _HASH_FIELD.search(raw)
     if not found:
         return "no sha256 field at its end (not an audit line, or cut)"
@@ -131,7 +132,7 @@ def _line_problem(raw: bytes, number: int, previous: str) -> str | None:
     if hashlib.sha256(body).hexdigest() != found.group(1).decode():
         return "its content does not match its sha256 (the line was edited)"
     try:
-        entry = json.loads(body)
+        entry = json.loads(body) if entry is None else entry
     except ValueError as error:
         return f"not valid JSON ({error})"
     if not isinstance(entry, dict) or entry.get("format") != FORMAT:

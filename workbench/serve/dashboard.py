@@ -118,7 +118,7 @@ def read_tail(path: str | Path, max_lines: int = MAX_LINES, max_bytes: int = MAX
             continue
         if expected is None:  # the first line read: checked against the log's start when it is the first line
             expected = (entry.get("seq"), entry.get("prev")) if left_out else (1, GENESIS)
-        found = _line_problem(raw, *expected)
+        found = _line_problem(raw, *expected, entry=entry)
         if found and problem is None:
             problem = f"line seq {entry.get('seq')}: {found}"
         seq, head = entry.get("seq", seq), entry.get("sha256", head)
