@@ -181,7 +181,9 @@ class AuditLog:
         self._head, self._seq = check.head, check.lines
         self._failed: str | None = None
         self.heads, self.checkpoint_every, self.checkpoint_s = heads, max(1, int(checkpoint_every)), checkpoint_s
-        self._checkpointed = (self._seq, time.monotonic())
+        self._checkpointed = (self._seq, time.monotonic())  # the last head claimed for signing, and when
+        self._heads_lock = threading.Lock()  # heads are written one at a time, in order
+        self._head_written = -1  # seq of the last head written to the heads file
         if check.torn_last_line:
             self.append(self._quarantine(check))
         if self.heads is not None:
@@ -247,26 +249,41 @@ class AuditLog:
                 self._failed = f"the audit log {self.path} cannot be written ({error.strerror or error})"
                 raise
             self._seq, self._head = full["seq"], _HASH_FIELD.search(line).group(1).decode()
+            written = {**full, "sha256": self._head}
             due = self._seq - self._checkpointed[0] >= self.checkpoint_every
-            due = due or time.monotonic() - self._checkpointed[1] >= self.checkpoint_s
-        if self.heads is not None and due:
-            self.checkpoint()
-        return {**full, "sha256": self._head}
+            due = self.heads is not None and (due or time.monotonic() - self._checkpointed[1] >= self.checkpoint_s)
+            if due:  # claimed here, under the lock: no other append signs this head too
+                self._checkpointed = (self._seq, time.monotonic())
+        if due:
+            self._write_head(written["seq"], written["sha256"])
+        return written
 
     def checkpoint(self) -> dict[str, Any] | None:
         """Write the current head, signed, to the heads file (`workbench.serve.audit_head.Heads.write`); the signed
-        head, None without a heads file. A head that cannot be written marks the log failed, as a line would."""
+        head, None without a heads file or when that head was written already. A head that cannot be written marks
+        the log failed, as a line would."""
         if self.heads is None:
             return None
-        seq, head = self.head
-        try:
-            signed = self.heads.write(self.path.name, seq, head)
-        except OSError as error:
-            with self._lock:
-                self._failed = f"the audit heads file {self.heads.path} cannot be written ({error.strerror or error})"
-            raise
-        self._checkpointed = (seq, time.monotonic())
-        return signed
+        with self._lock:
+            seq, head = self._seq, self._head
+            self._checkpointed = (seq, time.monotonic())
+        return self._write_head(seq, head)
+
+    def _write_head(self, seq: int, head: str) -> dict[str, Any] | None:
+        """Sign and write the head ``(seq, head)``; None when a head as late was written already (by another
+        thread): the heads file never holds one head twice or a later one before an earlier."""
+        with self._heads_lock:
+            if seq <= self._head_written:
+                return None
+            try:
+                signed = self.heads.write(self.path.name, seq, head)
+            except OSError as error:
+                with self._lock:
+                    self._failed = (f"the audit heads file {self.heads.path} cannot be written "
+                                    f"({error.strerror or error})")  # fmt: skip
+                raise
+            self._head_written = seq
+            return signed
 
     def close(self) -> None:
         """Write a last signed head when lines came since the last one, then release the log (its lock goes with the
