@@ -219,13 +219,23 @@ def test_a_tampered_layer_or_another_runs_layer_is_refused(run_dir, layer, site,
 
 
 @pytest.mark.slow
-def test_serve_and_the_card_name_the_site_layer_and_its_report(run_dir, layer, tmp_path):
+def test_serve_and_the_card_name_the_site_layer_and_its_report(run_dir, layer, tmp_path, monkeypatch):
+    import workbench.core.seal as seal
     from workbench.cli.parser import parse
     from workbench.clinical.predictor import ClinicalPredictor
 
     layer_dir, _ = layer
     assert parse(["serve", "--run", str(run_dir), "--calibration", str(layer_dir)]).calibration == str(layer_dir)
+    verified, verify = [], seal.verify_seal
+
+    def counted(folder, *args, **kwargs):  # the real check, counted
+        verified.append(Path(folder))
+        return verify(folder, *args, **kwargs)
+
+    monkeypatch.setattr(seal, "verify_seal", counted)
     described = ClinicalPredictor.load(run_dir, calibration=layer_dir).describe()  # what serve's /model says
+    assert verified.count(Path(layer_dir)) == 1  # the layer's seal is checked once, before the model loads
+    monkeypatch.undo()
     report = _report(layer_dir)["site_report"]
     assert described["clinical_layer"]["source"] == "site calibration layer"
     assert described["clinical_layer"]["site_report"] == report

@@ -81,7 +81,8 @@ def card_text(run: str | Path, calibration: str | Path | None = None) -> str:
         from workbench.clinical.site_calibration import check_layer
 
         layer = Path(calibration)
-        clinical, _, record = check_layer(layer, run)
+        checked = check_layer(layer, run)
+        clinical, record = checked.summary, checked.record
     else:
         clinical = _json(run / "clinical.json") if (run / "clinical.json").is_file() else None
     sections = [

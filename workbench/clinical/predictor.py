@@ -57,9 +57,10 @@ class ClinicalPredictor:
 
     def __init__(self, path: Path, config: Any, task: Task, model: nn.Module, adapter: dict[str, Any],
                  sealed: dict[str, Any], *, shift_window: int = 64, density_ratio: str | None = None,
-                 calibration: str | Path | None = None):  # fmt: skip
-        """``calibration``: a layer of ``workbench calibrate`` used instead of the run's own clinical files (verified
-        by `workbench.clinical.site_calibration.check_layer`: a `UserError` naming the file and field otherwise)."""
+                 calibration: Any = None):  # fmt: skip
+        """``calibration``: a layer of ``workbench calibrate`` used instead of the run's own clinical files, its folder
+        (verified here by `workbench.clinical.site_calibration.check_layer`: a `UserError` naming the file and field
+        otherwise) or what that check returned (`CheckedLayer`: not verified again)."""
         self.path, self.config, self.task, self.model = Path(path), config, task, model.eval()
         self.adapter, self.sealed = adapter, sealed
         self._density_ratio = density_ratio
@@ -67,11 +68,12 @@ class ClinicalPredictor:
         #: The layer in use (None: the run's own): its folder and ``layer.json`` (`describe` says what it is).
         self.layer: dict[str, Any] | None = None
         if calibration is not None:
-            from workbench.clinical.site_calibration import check_layer
+            from workbench.clinical.site_calibration import CheckedLayer, check_layer
 
-            summary, arrays, record = check_layer(calibration, self.path)
-            artifacts = summary, arrays
-            self.layer = {"path": str(Path(calibration).resolve()), "record": record}
+            if not isinstance(calibration, CheckedLayer):
+                calibration = check_layer(calibration, self.path)
+            artifacts = calibration.summary, calibration.arrays
+            self.layer = {"path": str(calibration.path.resolve()), "record": calibration.record}
         else:
             artifacts = fit.read_artifacts(self.path)
         self.summary, arrays = artifacts if artifacts is not None else (None, {})
@@ -113,7 +115,7 @@ class ClinicalPredictor:
         if calibration is not None:  # refused before the model is loaded
             from workbench.clinical.site_calibration import check_layer
 
-            check_layer(calibration, run)
+            calibration = check_layer(calibration, run)
         finished = Run.load(run, device, sealed=sealed)  # verified once, above
         adapter = json.loads((finished.path / "adapter.json").read_text())
         task.use_run_state(adapter["task_state"])

@@ -32,17 +32,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from workbench.clinical import calibration, conformal, fit
-from workbench.core.checkpoint import write_json
+from workbench.core.checkpoint import atomic_folder, write_json
 from workbench.core.errors import UserError
 
 log = logging.getLogger("workbench")
@@ -99,9 +96,7 @@ def calibrate(run: str | Path, data: str | Path, out: str | Path, *, seed: int |
              f"{task.group_kind}s), {task.group_kind}s dealt at random (seed {seed}) into three disjoint parts: "
              f"temperatures fitted on {items['temperature']} items, conformal scores and ECE on "
              f"{items['conformal']}, the report on {items['report']} held out from both")  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
+    with atomic_folder(out, overwrite=True) as work:  # `_check_out` has refused what may not be replaced
         summary = fit.fit_layer(work, fitting, calibrating, checking, fitting.features, seed, split=split,
                                 reference_kind="site items of the temperature part", pool=calibrating)
         summary["site_report"] = site_report(summary, checking, classes, groups["report"], task.group_kind)
@@ -109,10 +104,6 @@ def calibrate(run: str | Path, data: str | Path, out: str | Path, *, seed: int |
         write_json(work / LAYER_JSON, _layer_record(finished.path, config, adapter, sealed, data, seed, groups, items,
                                                     task.group_kind))  # fmt: skip
         seal(work, kind=KIND)
-        _move_into_place(work, out)
-    finally:
-        if work.exists():
-            shutil.rmtree(work)
     return summary
 
 
@@ -140,17 +131,6 @@ def _is_layer(folder: Path) -> bool:
             "kind") == KIND  # fmt: skip
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return False
-
-
-def _move_into_place(work: Path, out: Path) -> None:
-    """Rename the sealed folder ``work`` onto ``out`` (an earlier layer there is moved aside first, then removed)."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(work, out)
-    if old is not None:
-        shutil.rmtree(old)
 
 
 def deal_groups(groups: Sequence[str], seed: int) -> dict[str, list[str]]:
@@ -316,8 +296,18 @@ def _layer_record(run: Path, config: Any, adapter: Mapping[str, Any], sealed: Ma
     }
 
 
-def check_layer(layer: str | Path, run: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
-    """(clinical.json, clinical.npz arrays, layer.json) of the calibration layer ``layer``, after verifying its seal
+class CheckedLayer(NamedTuple):
+    """A calibration layer that verified for a run (`check_layer`): its folder, its ``clinical.json``, the arrays of
+    its ``clinical.npz`` and its ``layer.json``."""
+
+    path: Path
+    summary: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+    record: dict[str, Any]
+
+
+def check_layer(layer: str | Path, run: str | Path) -> CheckedLayer:
+    """The calibration layer ``layer`` (`CheckedLayer`), after verifying its seal
     (`workbench.core.seal.verify_seal`, kind `KIND`) and that it was fitted for the run ``run``: the sha256 of the
     run's ``adapter.safetensors`` and ``adapter.json`` match ``layer.json``'s ``run``.
 
@@ -353,4 +343,4 @@ def check_layer(layer: str | Path, run: str | Path) -> tuple[dict[str, Any], dic
     artifacts = fit.read_artifacts(layer)
     if artifacts is None:
         raise UserError(f"{layer / fit.CLINICAL_JSON}: missing; {fix}")
-    return artifacts[0], artifacts[1], record
+    return CheckedLayer(layer, artifacts[0], artifacts[1], record)

@@ -62,7 +62,7 @@ def predict(
     if calibration is not None:  # refused before the model is loaded
         from workbench.clinical.site_calibration import check_layer
 
-        check_layer(calibration, run)
+        calibration = check_layer(calibration, run)  # verified once, here
     with claim_file(output):  # the output is this process's from its check to its last rename
         check_output(output, overwrite, _output_estimate(folder))
         finished = Run.load(run, device, sealed=sealed)  # verified once, above
