@@ -42,9 +42,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +51,7 @@ from scipy.signal import butter, find_peaks, resample_poly, sosfilt
 from tqdm import tqdm
 from workbench.domains.ecg.preprocess import LEADS
 
-from workbench.core.errors import UserError
+from workbench.core.checkpoint import atomic_folder
 
 #: neurokit2's ECGSYN wave parameters (P, Q, R, S, T): angles [deg], amplitudes, widths [rad].
 NK_TI_DEG = (-70.0, -15.0, 0.0, 15.0, 100.0)
@@ -396,20 +393,12 @@ def generate_ptbxl_synthetic(
         progress: show a progress bar.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise UserError(f"{out_dir}: already exists; pass overwrite=True to replace it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
-    try:
+    with atomic_folder(out_dir, overwrite) as work:
         jobs = [(site, k) for site in sites for k in range(site.n_records)]
         rows = []
         for ecg_id, (site, k) in enumerate(tqdm(jobs, desc="synthetic ECGs", unit="record", disable=not progress), 1):
             rows.append(_write_record(work, site, k, ecg_id, seed, duration_s))
         _write_tables(work, rows, seed, duration_s, sites)
-        _move_into_place(work, out_dir)
-    finally:
-        if work.exists():
-            shutil.rmtree(work)
     return out_dir
 
 
@@ -498,14 +487,3 @@ def _stratified_folds(keys: list[tuple]) -> list[int]:
         for position, index in enumerate(sorted(indices, key=lambda i: (keys[i][1], keys[i][2]))):
             folds[index] = position % 10 + 1
     return folds
-
-
-def _move_into_place(work: Path, out_dir: Path) -> None:
-    """Rename the finished folder onto ``out_dir`` (an old one is moved aside first, then deleted)."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.replace(out_dir, old)
-    os.replace(work, out_dir)
-    if old is not None:
-        shutil.rmtree(old)
