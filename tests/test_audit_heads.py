@@ -99,19 +99,11 @@ def test_a_head_of_another_log_and_a_malformed_hash_are_refused(tmp_path, capsys
 def test_threads_appending_at_once_sign_each_head_once_and_in_order(tmp_path):
     """Appends that fall due for a head at once claim it under the log's lock: the heads file holds each head once,
     in the order of the log, and every one is a line of it."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     log = AuditLog(tmp_path / "audit.jsonl", heads=Heads(tmp_path / "heads.jsonl"), checkpoint_every=2)
-
-    def append(worker: int) -> None:
-        for index in range(40):
-            log.append({"request_id": f"{worker}-{index}"})
-
-    threads = [threading.Thread(target=append, args=(worker,)) for worker in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(8) as pool:  # 8 threads, 40 lines each
+        list(pool.map(lambda i: log.append({"request_id": f"{i % 8}-{i // 8}"}), range(320)))
     log.close()
     seqs = [head["seq"] for head in read_heads(tmp_path / "heads.jsonl")]
     assert seqs == sorted(set(seqs)) and seqs[-1] == 320 and len(seqs) > 40
