@@ -49,12 +49,29 @@ from workbench.comparison.design import CompareSpec
 from workbench.comparison.report import Claim
 from workbench.core.checkpoint import write_json
 
+#: Where each seed's target site is written (`cohort`): the embedded target site's recipe (site 1 of `DEFAULT_SITES`,
+#: the ambulance monitor: 64 patients of one record each) with the comparison's seed as the generator's, so that each
+#: unit is new patients, not a new partition of the embedded site (generator seed 2026).
+DATA = "benchmarks/runs/ecg_htuning-data/ptbxl-site1-seed{seed}"
+
+
+def cohort(seed: int) -> Path:
+    """The target site of ``seed`` (`DATA`), written once (atomically: a folder that exists is complete)."""
+    from workbench.domains.ecg.generate import DEFAULT_SITES, generate_ptbxl_synthetic
+
+    out = Path(__file__).resolve().parents[1] / DATA.replace("{seed}", str(seed))
+    if not out.is_dir():
+        site = next(site for site in DEFAULT_SITES if site.site == 1)
+        generate_ptbxl_synthetic(out, seed=seed, sites=(site,), progress=True)
+    return out
+
+
 BENCHMARK = Benchmark(
     name="ecg_htuning",
     spec=CompareSpec(
         "ptbxl", ("full", "htuning", "lora"), folds=3, seeds=(200, 201, 202, 203, 204), budget="convergence",
         epochs=30, patience=10, lr_grid=(5e-4, 2e-3), schedule="linear", warmup_share=0.01,
-        select_on="macro_average_precision",
+        select_on="macro_average_precision", data=DATA,
     ),
     metrics=("macro_auroc", "macro_average_precision"),
     names={"full": "full fine-tuning", "htuning": "H-Tuning", "lora": "LoRA"},
@@ -80,7 +97,8 @@ BENCHMARK = Benchmark(
     "for every method, full fine-tuning fell below the unadapted teacher in most cells of a development run that "
     "is not kept here). Adam (AMSGrad, no weight decay), not the authors' AdamW, and no CutMix. Not compared: the "
     "distilled students (a compared cell has no adapted teacher). Training memory per step and latency are measured "
-    "apart (`--costs`, not a comparison).",
+    "apart (`--costs`, not a comparison). Data: the embedded target site's recipe (site 1, 64 patients of one "
+    "record each) generated anew for every seed, the seed being the generator's (data card ecg-htuning-cohorts).",
 )
 
 #: Memory rows: (row name, method, options).
@@ -204,4 +222,7 @@ if __name__ == "__main__":
     if "--costs" in sys.argv:
         costs(sys.argv[1:])
     else:
+        os.chdir(Path(__file__).resolve().parents[1])  # `DATA` is relative to the repository, as the spec records it
+        for seed in (0, 1) if "--dev" in sys.argv else BENCHMARK.spec.seeds:
+            cohort(seed)
         run(BENCHMARK)
